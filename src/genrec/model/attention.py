@@ -1,0 +1,173 @@
+"""Shared-prefix + branch attention (cascade attention) and its KV cache.
+
+A branch token attends to its request's prefix and to its own branch. The two parts are
+computed separately, each returning its log-sum-exp, and merged exactly:
+``o = (e^(lse_a - m) o_a + e^(lse_b - m) o_b) / (e^(lse_a - m) + e^(lse_b - m))``.
+The prefix keys and values are stored once per request and never copied per branch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from genrec.model.layout import AttentionLayout
+
+_NEG_INF = float("-inf")
+
+
+def _attend_math(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+    causal: bool, scale: float, chunk: int = 4096,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # Portable reference path, any device. q: [B, H, Lq, D]; k, v: [B, Hkv, Lk, D].
+    groups = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1).float()
+    v = v.repeat_interleave(groups, dim=1).float()
+    outs, lses = [], []
+    for start in range(0, q.shape[2], chunk):
+        qc = q[:, :, start : start + chunk].float()
+        s = torch.matmul(qc, k.transpose(-1, -2)) * scale
+        if mask is not None:
+            s = s + mask[:, :, start : start + chunk].float()
+        if causal:
+            rows = torch.arange(start, start + qc.shape[2], device=q.device)[:, None]
+            cols = torch.arange(k.shape[2], device=q.device)[None, :]
+            s = s.masked_fill(cols > rows, _NEG_INF)
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s - lse.unsqueeze(-1).clamp_min(torch.finfo(torch.float32).min))
+        outs.append(torch.matmul(p.nan_to_num(0.0), v).to(q.dtype))
+        lses.append(lse)
+    return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+    causal: bool, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention returning (output [B, H, Lq, D], log-sum-exp [B, H, Lq] in fp32).
+
+    ``k``/``v`` may have fewer heads than ``q`` (grouped-query attention); ``mask`` is additive
+    and broadcastable to [B, 1, Lq, Lk]; ``causal`` aligns query i with key i (top-left).
+    Rows whose keys are all masked give an undefined log-sum-exp: callers must mask them.
+    """
+    # The fused CPU kernel gives no gradient through its log-sum-exp: train on the math path.
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+    if q.device.type == "cpu" and not needs_grad:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, attn_mask=mask, scale=scale
+        )
+        return out, lse
+    return _attend_math(q, k, v, mask, causal, scale)
+
+
+def _to_grid(x: torch.Tensor, rows: torch.Tensor, n_rows: int) -> torch.Tensor:
+    # x: [N, H, D] scattered to rows of a zero grid [n_rows, H, D]
+    grid = x.new_zeros((n_rows,) + tuple(x.shape[1:]))
+    return grid.index_copy(0, rows, x)
+
+
+class KVCache:
+    """Keys and values of every layer: one prefix per request, one short tail per branch.
+
+    Shapes per layer: prefix [R, prefix_cap, Hkv, D], branch [NB, branch_cap, Hkv, D].
+    A transient cache (scoring) is filled out of place so training can backpropagate through it;
+    a persistent one (beam search) is updated in place and its branch part reordered cheaply.
+    """
+
+    def __init__(
+        self, num_layers: int, num_requests: int, prefix_cap: int, num_branches: int,
+        branch_cap: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        def zeros(n: int, cap: int) -> list[torch.Tensor]:
+            return [
+                torch.zeros(n, cap, kv_heads, head_dim, dtype=dtype, device=device)
+                for _ in range(num_layers)
+            ]
+
+        self.prefix_k, self.prefix_v = zeros(num_requests, prefix_cap), zeros(num_requests, prefix_cap)
+        self.branch_k, self.branch_v = zeros(num_branches, branch_cap), zeros(num_branches, branch_cap)
+
+    def write(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Store the new keys/values of ``layer`` (k, v: [T, Hkv, D]); return the layer's cache."""
+        for store, src in ((self.prefix_k, k), (self.prefix_v, v)):
+            store[layer] = _write(store[layer], layout.prefix_slots, src[layout.prefix_tokens])
+        for store, src in ((self.branch_k, k), (self.branch_v, v)):
+            store[layer] = _write(store[layer], layout.branch_slots, src[layout.branch_tokens])
+        return self.prefix_k[layer], self.prefix_v[layer], self.branch_k[layer], self.branch_v[layer]
+
+    def reorder_branches(self, order: torch.Tensor) -> None:
+        """Branch b takes the cached tail of branch ``order[b]`` (beam reordering)."""
+        for store in (self.branch_k, self.branch_v):
+            for layer, t in enumerate(store):
+                store[layer] = t.index_select(0, order)
+
+
+def _write(cache: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    if slots.numel() == 0:
+        return cache
+    flat = cache.view((-1,) + tuple(cache.shape[2:]))
+    if torch.is_grad_enabled() and src.requires_grad:
+        return flat.index_copy(0, slots, src.to(cache.dtype)).view(cache.shape)
+    flat.index_copy_(0, slots, src.to(cache.dtype))
+    return cache
+
+
+def prefix_branch_attention(
+    q: torch.Tensor,
+    prefix_k: torch.Tensor, prefix_v: torch.Tensor,
+    branch_k: torch.Tensor, branch_v: torch.Tensor,
+    layout: AttentionLayout, scale: float,
+) -> torch.Tensor:
+    """Attention of the packed queries ``q`` [T, H, D] under ``layout``; returns [T, H, D]."""
+    n_tok, heads, dim = q.shape
+    out = q.new_empty(n_tok, heads, dim)
+    n_req, n_br = layout.num_requests, layout.num_branches
+    pk, pv = prefix_k.transpose(1, 2), prefix_v.transpose(1, 2)  # [R, Hkv, P, D]
+
+    if layout.prefix_tokens.numel():
+        width = layout.prefix_width
+        qp = _to_grid(q[layout.prefix_tokens], layout.prefix_rows, n_req * width)
+        qp = qp.view(n_req, width, heads, dim).transpose(1, 2)
+        mask = layout.additive_mask("prefix_mask", q.dtype)
+        o, _ = attend(qp, pk, pv, mask, layout.prefix_causal, scale)
+        o = o.transpose(1, 2).reshape(n_req * width, heads, dim)
+        out[layout.prefix_tokens] = o[layout.prefix_rows]
+
+    if layout.branch_tokens.numel():
+        qb = q[layout.branch_tokens]  # [Tb, H, D]
+        # Part B: each branch against its own keys.
+        width = layout.branch_width
+        grid = _to_grid(qb, layout.branch_rows, n_br * width).view(n_br, width, heads, dim)
+        bk, bv = branch_k.transpose(1, 2), branch_v.transpose(1, 2)
+        mask = layout.additive_mask("branch_mask", q.dtype)
+        o_b, lse_b = attend(grid.transpose(1, 2), bk, bv, mask, layout.branch_causal, scale)
+        o_b = o_b.transpose(1, 2).reshape(n_br * width, heads, dim)[layout.branch_rows]
+        lse_b = lse_b.transpose(1, 2).reshape(n_br * width, heads)[layout.branch_rows]
+        if layout.prefix_cap == 0:
+            out[layout.branch_tokens] = o_b
+            return out
+        # Part A: all branch queries of a request against its prefix, in one product.
+        width = layout.shared_width
+        grid = _to_grid(qb, layout.shared_rows, n_req * width).view(n_req, width, heads, dim)
+        mask = layout.additive_mask("shared_mask", q.dtype)
+        o_a, lse_a = attend(grid.transpose(1, 2), pk, pv, mask, False, scale)
+        o_a = o_a.transpose(1, 2).reshape(n_req * width, heads, dim)[layout.shared_rows]
+        lse_a = lse_a.transpose(1, 2).reshape(n_req * width, heads)[layout.shared_rows]
+        if layout.shared_empty is not None:
+            lse_a = lse_a.masked_fill(layout.shared_empty[:, None], _NEG_INF)
+        out[layout.branch_tokens] = merge_attention(o_a, lse_a, o_b, lse_b)
+    return out
+
+
+def merge_attention(
+    o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor
+) -> torch.Tensor:
+    """Exact merge of two attention results over disjoint key sets ([N, H, D], lse [N, H])."""
+    m = torch.maximum(lse_a, lse_b)
+    w_a = torch.exp(lse_a - m).unsqueeze(-1)
+    w_b = torch.exp(lse_b - m).unsqueeze(-1)
+    merged = (o_a.float() * w_a + o_b.float() * w_b) / (w_a + w_b)
+    return merged.to(o_a.dtype)

@@ -1,0 +1,144 @@
+"""Qwen3 / Llama decoder in plain PyTorch over a packed batch with an attention layout."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from genrec.model.attention import KVCache, prefix_branch_attention
+from genrec.model.config import ModelConfig
+from genrec.model.layers import RMSNorm, Rotary, SwiGLU, apply_rotary
+from genrec.model.layout import AttentionLayout
+from genrec.model.projector import SoftTokenProjector
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = (
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        )
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+        self.scale = self.head_dim**-0.5
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+        layout: AttentionLayout, cache: KVCache, layer: int,
+    ) -> torch.Tensor:
+        n = x.shape[0]  # x: [T, hidden]
+        q = self.q_proj(x).view(n, self.heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.kv_heads, self.head_dim)
+        v = self.v_proj(x).view(n, self.kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        pk, pv, bk, bv = cache.write(layer, k, v, layout)
+        out = prefix_branch_attention(q, pk, pv, bk, bv, layout, self.scale)
+        return self.o_proj(out.reshape(n, self.heads * self.head_dim))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, rope, layout, cache, layer):  # noqa: ANN001 - see DecoderLM.forward
+        x = x + self.self_attn(self.input_layernorm(x), rope, layout, cache, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class DecoderLM(nn.Module):
+    """A causal LM whose forward reads input embeddings, explicit positions and a layout.
+
+    Parameter names follow Hugging Face (``model.layers.N.self_attn.q_proj.weight``, ...), so
+    checkpoints load without renaming. genrec's additions (soft-token projector, score head)
+    live outside ``model.``/``lm_head.`` and are saved to a separate file.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        self.user_projector = (
+            SoftTokenProjector(cfg.user_dim, cfg.hidden_size) if cfg.user_dim else None
+        )
+        self.score_head = nn.Linear(cfg.hidden_size, 1) if cfg.score_head else None
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def new_cache(self, layout: AttentionLayout) -> KVCache:
+        """A cache sized for ``layout`` (prefix and branch capacities)."""
+        cfg = self.config
+        return KVCache(
+            cfg.num_hidden_layers, layout.num_requests, layout.prefix_cap, layout.num_branches,
+            layout.branch_cap, cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device,
+        )
+
+    def forward(
+        self, embeds: torch.Tensor, positions: torch.Tensor, layout: AttentionLayout,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """embeds [T, hidden], positions [T] -> final-normed hidden states [T, hidden].
+
+        ``layout`` must live on the model's device; ``cache`` defaults to a transient one.
+        """
+        if positions.shape != (embeds.shape[0],) or layout.num_tokens != embeds.shape[0]:
+            raise ValueError(
+                f"embeds has {embeds.shape[0]} tokens, positions {tuple(positions.shape)}, "
+                f"layout {layout.num_tokens}"
+            )
+        if cache is None:
+            cache = self.new_cache(layout)
+        rope = self.rotary.cos_sin(positions, embeds.dtype)
+        x = embeds
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, rope, layout, cache, i)
+        return self.model.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary logits of hidden states [N, hidden] -> [N, vocab] (fp32)."""
+        return self.lm_head(hidden).float()
+
+    def label_logits(self, hidden: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
+        """Logits of the given tokens only: [N, hidden], [K] -> [N, K] (fp32)."""
+        return (hidden @ self.lm_head.weight[label_ids].T).float()
+
+    def token_logprobs(
+        self, hidden: torch.Tensor, targets: torch.Tensor, chunk: int = 2048
+    ) -> torch.Tensor:
+        """log p(targets[i] | hidden[i]) over the full vocabulary, in chunks: [N] fp32."""
+        out = []
+        for start in range(0, hidden.shape[0], chunk):
+            logits = self.logits(hidden[start : start + chunk])
+            tgt = targets[start : start + chunk, None]
+            out.append((logits.gather(1, tgt) - torch.logsumexp(logits, dim=-1, keepdim=True))[:, 0])
+        return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)

@@ -1,0 +1,175 @@
+"""Attention layout of one forward: requests made of a shared prefix plus branches.
+
+A forward processes R requests. Request r owns a prefix (``prefix_cached[r]`` tokens already in
+the KV cache plus ``prefix_new[r]`` new ones) and a number of branches (candidates or beams).
+Branch b belongs to request ``branch_request[b]`` and has ``branch_cached[b]`` tokens in the
+cache plus ``branch_new[b]`` new ones. A prefix token sees the earlier tokens of its prefix; a
+branch token sees its request's whole prefix and the earlier tokens of its own branch only.
+
+New tokens are packed request-major: request r's new prefix tokens, then the new tokens of its
+branches, branch after branch (``branch_request`` must be non-decreasing). The layout holds the
+index tensors that move packed rows into the padded grids the attention kernels work on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+Lengths = Sequence[int] | torch.Tensor
+
+
+def _as_long(x: Lengths, name: str) -> torch.Tensor:
+    t = torch.as_tensor(x, dtype=torch.long, device="cpu").reshape(-1)
+    if t.numel() and int(t.min()) < 0:
+        raise ValueError(f"{name} must be non-negative")
+    return t
+
+
+def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+    return torch.cumsum(x, 0) - x
+
+
+@dataclass
+class AttentionLayout:
+    """Index tensors of one forward (see module docstring). Build with :func:`build_layout`."""
+
+    num_requests: int
+    num_branches: int
+    num_tokens: int
+    prefix_len: torch.Tensor  # [R] prefix keys after this forward
+    prefix_cap: int  # cache slots per request prefix
+    prefix_tokens: torch.Tensor  # [Tp] packed index of each new prefix token
+    prefix_slots: torch.Tensor  # [Tp] r * prefix_cap + position in prefix
+    prefix_rows: torch.Tensor  # [Tp] r * prefix_width + j
+    prefix_width: int  # most new prefix tokens of a request
+    prefix_causal: bool  # True: plain causal mask suffices for prefix queries
+    prefix_mask: torch.Tensor | None  # bool [R, 1, prefix_width, prefix_cap]
+    branch_request: torch.Tensor  # [NB]
+    branch_len: torch.Tensor  # [NB] branch keys after this forward
+    branch_cap: int
+    branch_tokens: torch.Tensor  # [Tb] packed index of each new branch token
+    branch_slots: torch.Tensor  # [Tb] b * branch_cap + position in branch
+    branch_rows: torch.Tensor  # [Tb] b * branch_width + j
+    branch_width: int  # most new tokens of a branch
+    branch_causal: bool
+    branch_mask: torch.Tensor | None  # bool [NB, 1, branch_width, branch_cap]
+    shared_rows: torch.Tensor  # [Tb] r * shared_width + j: branch queries grouped by request
+    shared_width: int  # most new branch tokens of a request
+    shared_mask: torch.Tensor | None  # bool [R, 1, 1, prefix_cap]; None when no padding
+    shared_empty: torch.Tensor | None  # bool [Tb]: branch token whose request has no prefix
+    positions: torch.Tensor  # [T] default positions: a branch continues from its prefix end
+    _float_masks: dict = field(default_factory=dict, repr=False)
+
+    def to(self, device: torch.device | str) -> AttentionLayout:
+        """A copy with every tensor on ``device`` (one transfer per forward, none per layer)."""
+        moved = {
+            name: (value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value)
+            for name, value in self.__dict__.items()
+            if name != "_float_masks"
+        }
+        return AttentionLayout(**moved)
+
+    def additive_mask(self, name: str, dtype: torch.dtype) -> torch.Tensor | None:
+        """The bool mask ``name`` as an additive mask (0 / -inf) of ``dtype``, built once."""
+        key = (name, dtype)
+        if key not in self._float_masks:
+            mask = getattr(self, name)
+            if mask is not None:
+                zeros = torch.zeros((), dtype=dtype, device=mask.device)
+                mask = zeros.masked_fill(~mask, float("-inf")).expand(mask.shape).contiguous()
+            self._float_masks[key] = mask
+        return self._float_masks[key]
+
+
+def build_layout(
+    prefix_new: Lengths,
+    branch_request: Lengths,
+    branch_new: Lengths,
+    prefix_cached: Lengths | None = None,
+    branch_cached: Lengths | None = None,
+    prefix_cap: int | None = None,
+    branch_cap: int | None = None,
+) -> AttentionLayout:
+    """Vectorised construction of an :class:`AttentionLayout` (on the CPU; move with ``.to``)."""
+    p_new = _as_long(prefix_new, "prefix_new")
+    n_req = p_new.numel()
+    p_cached = _as_long(prefix_cached if prefix_cached is not None else [0] * n_req, "prefix_cached")
+    b_req = _as_long(branch_request, "branch_request")
+    b_new = _as_long(branch_new, "branch_new")
+    n_br = b_req.numel()
+    b_cached = _as_long(branch_cached if branch_cached is not None else [0] * n_br, "branch_cached")
+    if p_cached.numel() != n_req or b_new.numel() != n_br or b_cached.numel() != n_br:
+        raise ValueError("layout length lists disagree in size")
+    if n_br and (int(b_req.max()) >= n_req or bool((b_req[1:] < b_req[:-1]).any())):
+        raise ValueError("branch_request must be non-decreasing request indices < num_requests")
+
+    p_len = p_cached + p_new
+    b_len = b_cached + b_new
+    p_cap = int(p_len.max()) if n_req else 0
+    p_cap = max(p_cap, prefix_cap or 0)
+    b_cap = max(int(b_len.max()) if n_br else 0, branch_cap or 0)
+
+    # Tokens per request: new prefix tokens followed by the new tokens of its branches.
+    branch_sum = torch.zeros(n_req, dtype=torch.long).index_add_(0, b_req, b_new)
+    req_start = _exclusive_cumsum(p_new + branch_sum)
+    num_tokens = int((p_new + branch_sum).sum())
+
+    # Prefix tokens.
+    tp = int(p_new.sum())
+    p_req = torch.repeat_interleave(torch.arange(n_req), p_new)
+    p_j = torch.arange(tp) - _exclusive_cumsum(p_new)[p_req]
+    p_width = int(p_new.max()) if n_req else 0
+    prefix_tokens = req_start[p_req] + p_j
+    prefix_slots = p_req * p_cap + p_cached[p_req] + p_j
+    prefix_rows = p_req * p_width + p_j
+    prefix_causal = bool((p_cached[p_new > 0] == 0).all())
+    prefix_mask = None
+    if not prefix_causal:
+        q_pos = p_cached[:, None] + torch.arange(p_width)[None, :]  # [R, Pq]
+        keys = torch.arange(p_cap)[None, None, :]
+        prefix_mask = (keys <= q_pos[:, :, None]) & (keys < p_len[:, None, None])
+        prefix_mask |= (q_pos[:, :, None] >= p_len[:, None, None]) & (keys == 0)  # padded rows
+        prefix_mask = prefix_mask[:, None]
+
+    # Branch tokens.
+    tb = int(b_new.sum())
+    t_br = torch.repeat_interleave(torch.arange(n_br), b_new)
+    t_j = torch.arange(tb) - _exclusive_cumsum(b_new)[t_br]
+    t_req = b_req[t_br]
+    first_in_req = _exclusive_cumsum(b_new) - _exclusive_cumsum(branch_sum)[b_req]  # [NB]
+    b_width = int(b_new.max()) if n_br else 0
+    branch_tokens = req_start[t_req] + p_new[t_req] + first_in_req[t_br] + t_j
+    branch_slots = t_br * b_cap + b_cached[t_br] + t_j
+    branch_rows = t_br * b_width + t_j
+    branch_causal = bool((b_cached == 0).all())
+    branch_mask = None
+    if not branch_causal:
+        q_pos = b_cached[:, None] + torch.arange(b_width)[None, :]
+        keys = torch.arange(b_cap)[None, None, :]
+        branch_mask = (keys <= q_pos[:, :, None])[:, None]
+
+    shared_width = int(branch_sum.max()) if n_req else 0
+    shared_rows = t_req * shared_width + first_in_req[t_br] + t_j
+    shared_mask = None
+    if n_req and bool((p_len < p_cap).any()):
+        shared_mask = (torch.arange(p_cap)[None, :] < p_len[:, None])[:, None, None, :]
+    shared_empty = (p_len[t_req] == 0) if bool((p_len == 0).any()) else None
+
+    positions = torch.empty(num_tokens, dtype=torch.long)
+    positions[prefix_tokens] = p_cached[p_req] + p_j
+    positions[branch_tokens] = p_len[t_req] + b_cached[t_br] + t_j
+
+    return AttentionLayout(
+        num_requests=n_req, num_branches=n_br, num_tokens=num_tokens,
+        prefix_len=p_len, prefix_cap=p_cap, prefix_tokens=prefix_tokens,
+        prefix_slots=prefix_slots, prefix_rows=prefix_rows, prefix_width=p_width,
+        prefix_causal=prefix_causal, prefix_mask=prefix_mask,
+        branch_request=b_req, branch_len=b_len, branch_cap=b_cap, branch_tokens=branch_tokens,
+        branch_slots=branch_slots, branch_rows=branch_rows, branch_width=b_width,
+        branch_causal=branch_causal, branch_mask=branch_mask,
+        shared_rows=shared_rows, shared_width=shared_width, shared_mask=shared_mask,
+        shared_empty=shared_empty, positions=positions,
+    )
