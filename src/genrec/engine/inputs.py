@@ -1,0 +1,130 @@
+"""Composed inputs: text tokens, virtual item tokens, soft tokens and raw embeddings.
+
+A part of a request (its prefix, or one candidate) is a sequence whose elements are token ids
+(``int``) or :class:`Embeds` blocks. Token ids below the vocabulary size are text; ids at or
+above it are virtual item tokens that index the item table (row ``id - vocab_size``). The soft
+token placeholder id marks where the projected user vector goes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from genrec.catalog.item_table import ItemTable
+
+
+@dataclass(frozen=True)
+class Embeds:
+    """Raw input embeddings given by the caller: [n, hidden]."""
+
+    vectors: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.vectors.shape[0])
+
+
+Part = Sequence["int | Embeds"]
+
+
+class InputError(ValueError):
+    """A request that cannot be turned into model inputs; the message names the problem."""
+
+
+@dataclass
+class PackedInputs:
+    """Flattened inputs of a whole batch, in packing order (length T)."""
+
+    token_ids: torch.Tensor  # [T] long; -1 where raw embeddings go
+    raw_rows: torch.Tensor  # [Tr] packed positions of raw embeddings
+    raw_embeds: torch.Tensor | None  # [Tr, hidden]
+    soft_rows: torch.Tensor  # [S] packed positions of soft tokens
+    user_vectors: torch.Tensor | None  # [S, user_dim]
+
+
+class InputPacker:
+    """Collects parts in packing order, then emits one :class:`PackedInputs`."""
+
+    def __init__(self) -> None:
+        self._ids: list[int] = []
+        self._raw_rows: list[int] = []
+        self._raw: list[torch.Tensor] = []
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def add(self, part: Part, field: str) -> int:
+        """Append a part; returns its length. ``field`` names it in error messages."""
+        if isinstance(part, torch.Tensor):
+            part = part.tolist()
+        if isinstance(part, (str, bytes)) or not isinstance(part, Sequence):
+            raise InputError(f"{field}: expected a sequence of token ids, got {type(part).__name__}")
+        if all(type(e) is int for e in part):  # fast path: plain token ids
+            if part and min(part) < 0:
+                raise InputError(f"{field}: negative token id {min(part)}")
+            self._ids.extend(part)
+            return len(part)
+        n = 0
+        for element in part:
+            if isinstance(element, Embeds):
+                if element.vectors.dim() != 2:
+                    raise InputError(f"{field}: Embeds must be [n, hidden]")
+                start = len(self._ids)
+                self._ids.extend([-1] * len(element))
+                self._raw_rows.extend(range(start, start + len(element)))
+                self._raw.append(element.vectors)
+                n += len(element)
+            elif isinstance(element, int) and not isinstance(element, bool):
+                if element < 0:
+                    raise InputError(f"{field}: negative token id {element}")
+                self._ids.append(element)
+                n += 1
+            else:
+                raise InputError(f"{field}: elements must be int token ids or Embeds, got "
+                                 f"{type(element).__name__}")
+        return n
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self._ids
+
+    def finish(self, soft_rows: list[int], user_vectors: list[torch.Tensor]) -> PackedInputs:
+        return PackedInputs(
+            token_ids=torch.tensor(self._ids, dtype=torch.long),
+            raw_rows=torch.tensor(self._raw_rows, dtype=torch.long),
+            raw_embeds=torch.cat(self._raw) if self._raw else None,
+            soft_rows=torch.tensor(soft_rows, dtype=torch.long),
+            user_vectors=torch.stack(user_vectors) if user_vectors else None,
+        )
+
+
+def build_input_embeds(
+    embed_tokens: nn.Embedding,
+    inputs: PackedInputs,
+    item_table: ItemTable | None = None,
+    projector: nn.Module | None = None,
+) -> torch.Tensor:
+    """Input embeddings [T, hidden] of a packed batch, vectorised over all tokens.
+
+    Text ids read ``embed_tokens``; virtual ids (>= vocab size) read the item table; soft-token
+    rows get ``projector(user_vectors)``; raw rows get the caller's embeddings. Runs on the
+    device of ``embed_tokens``.
+    """
+    weight = embed_tokens.weight
+    device, vocab = weight.device, weight.shape[0]
+    ids = inputs.token_ids.to(device)
+    virtual = ids >= vocab
+    x = embed_tokens(ids.clamp(0, vocab - 1))  # [T, hidden]
+    if item_table is not None and item_table.num_rows:
+        rows = (ids - vocab).clamp(0, item_table.num_rows - 1)
+        x = torch.where(virtual[:, None], item_table.rows(rows).to(x.dtype), x)
+    if inputs.soft_rows.numel():
+        soft = projector(inputs.user_vectors.to(device, projector.fc1.weight.dtype))
+        x = x.index_copy(0, inputs.soft_rows.to(device), soft.to(x.dtype))
+    if inputs.raw_rows.numel():
+        raw = inputs.raw_embeds.to(device, x.dtype)
+        x = x.index_copy(0, inputs.raw_rows.to(device), raw)
+    return x

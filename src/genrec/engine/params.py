@@ -1,0 +1,59 @@
+"""Parameters and requests of the public Engine API, as dataclasses."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from genrec.engine.inputs import Part
+
+ScoreMode = Literal["labels", "loglik", "head"]
+
+
+@dataclass
+class ScoreParams:
+    """How a candidate is scored, read at its last position.
+
+    - ``labels``: log-probabilities of ``label_token_ids`` (full-vocabulary log-softmax), or with
+      ``apply_softmax`` the softmax over the label logits alone (SGLang ``/v1/score``).
+      Result per candidate: [len(label_token_ids)].
+    - ``loglik``: summed log-likelihood of the candidate's tokens given the prefix. Result: scalar.
+    - ``head``: the model's scalar score head. Result: scalar.
+    """
+
+    mode: ScoreMode = "labels"
+    label_token_ids: list[int] | None = None
+    apply_softmax: bool = False
+
+    def validate(self, vocab_size: int, has_score_head: bool) -> None:
+        if self.mode not in ("labels", "loglik", "head"):
+            raise ValueError(f"mode must be 'labels', 'loglik' or 'head', got {self.mode!r}")
+        if self.mode == "labels":
+            ids = self.label_token_ids
+            if not ids:
+                raise ValueError("label_token_ids must be a non-empty list in 'labels' mode")
+            bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < vocab_size]
+            if bad:
+                raise ValueError(f"label_token_ids {bad} are not text tokens (0..{vocab_size - 1})")
+        if self.mode == "head" and not has_score_head:
+            raise ValueError("mode 'head' needs a model with a score head")
+
+
+@dataclass
+class ScoreRequest:
+    """One user: a shared prefix and the candidates to score after it."""
+
+    prefix: Part
+    candidates: Sequence[Part]
+    user_vector: torch.Tensor | Sequence[float] | None = None
+
+
+@dataclass
+class EngineConfig:
+    """Engine settings. ``soft_token_id`` is the placeholder replaced by the user's soft token."""
+
+    max_batch_tokens: int = 65536
+    soft_token_id: int | None = None
