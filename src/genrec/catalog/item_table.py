@@ -15,7 +15,8 @@ class ItemTable:
 
     def __init__(self, vectors: torch.Tensor, version: int = 0) -> None:
         if vectors.dim() != 3:
-            raise ValueError(f"item table must be [num_items, k, hidden], got {tuple(vectors.shape)}")
+            shape = tuple(vectors.shape)
+            raise ValueError(f"item table must be [num_items, k, hidden], got {shape}")
         if not torch.isfinite(vectors).all():
             raise ValueError("item table contains NaN or infinite values")
         self.vectors = vectors

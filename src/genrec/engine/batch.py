@@ -123,7 +123,9 @@ def pack_requests(
         found = soft_by_request.get(r, [])
         if user is None:
             if found:
-                raise InputError(f"{where}.prefix: soft-token placeholder given without user_vector")
+                raise InputError(
+                    f"{where}.prefix: soft-token placeholder given without user_vector"
+                )
             continue
         vector = _as_user_vector(user, limits, f"{where}.user_vector")
         if len(found) != 1:

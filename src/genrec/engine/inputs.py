@@ -61,7 +61,8 @@ class InputPacker:
         if isinstance(part, torch.Tensor):
             part = part.tolist()
         if isinstance(part, (str, bytes)) or not isinstance(part, Sequence):
-            raise InputError(f"{field}: expected a sequence of token ids, got {type(part).__name__}")
+            kind = type(part).__name__
+            raise InputError(f"{field}: expected a sequence of token ids, got {kind}")
         if all(type(e) is int for e in part):  # fast path: plain token ids
             if part and min(part) < 0:
                 raise InputError(f"{field}: negative token id {min(part)}")

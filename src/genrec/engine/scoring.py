@@ -45,7 +45,9 @@ def _summed_loglik(model: DecoderLM, hidden: torch.Tensor, batch: PackedBatch) -
                                          torch.tensor(batch.branch_counts))
     prefix_last = batch.prefix_last[request_of][branch_of]
     if bool((prefix_last < 0).any()):
-        raise InputError("'loglik' mode needs a non-empty prefix to predict a candidate's first token")
+        raise InputError(
+            "'loglik' mode needs a non-empty prefix to predict a candidate's first token"
+        )
     targets = ids[rows]
     if bool((targets < 0).any()) or bool((targets >= model.config.vocab_size).any()):
         raise InputError("'loglik' mode scores text tokens only: a candidate holds item tokens "

@@ -28,7 +28,8 @@ def _attend_math(
         qc = q[:, :, start : start + chunk].float()
         s = torch.matmul(qc, k.transpose(-1, -2)) * scale
         if mask is not None:
-            s = s + mask[:, :, start : start + chunk].float()
+            rows = mask if mask.shape[2] == 1 else mask[:, :, start : start + chunk]
+            s = s + rows.float()
         if causal:
             rows = torch.arange(start, start + qc.shape[2], device=q.device)[:, None]
             cols = torch.arange(k.shape[2], device=q.device)[None, :]
@@ -85,8 +86,10 @@ class KVCache:
                 for _ in range(num_layers)
             ]
 
-        self.prefix_k, self.prefix_v = zeros(num_requests, prefix_cap), zeros(num_requests, prefix_cap)
-        self.branch_k, self.branch_v = zeros(num_branches, branch_cap), zeros(num_branches, branch_cap)
+        self.prefix_k = zeros(num_requests, prefix_cap)
+        self.prefix_v = zeros(num_requests, prefix_cap)
+        self.branch_k = zeros(num_branches, branch_cap)
+        self.branch_v = zeros(num_branches, branch_cap)
 
     def write(
         self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout
@@ -96,7 +99,9 @@ class KVCache:
             store[layer] = _write(store[layer], layout.prefix_slots, src[layout.prefix_tokens])
         for store, src in ((self.branch_k, k), (self.branch_v, v)):
             store[layer] = _write(store[layer], layout.branch_slots, src[layout.branch_tokens])
-        return self.prefix_k[layer], self.prefix_v[layer], self.branch_k[layer], self.branch_v[layer]
+        return (
+            self.prefix_k[layer], self.prefix_v[layer], self.branch_k[layer], self.branch_v[layer]
+        )
 
     def reorder_branches(self, order: torch.Tensor) -> None:
         """Branch b takes the cached tail of branch ``order[b]`` (beam reordering)."""

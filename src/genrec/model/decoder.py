@@ -140,5 +140,6 @@ class DecoderLM(nn.Module):
         for start in range(0, hidden.shape[0], chunk):
             logits = self.logits(hidden[start : start + chunk])
             tgt = targets[start : start + chunk, None]
-            out.append((logits.gather(1, tgt) - torch.logsumexp(logits, dim=-1, keepdim=True))[:, 0])
+            lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+            out.append((logits.gather(1, tgt) - lse)[:, 0])
         return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)

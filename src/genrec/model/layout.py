@@ -66,7 +66,7 @@ class AttentionLayout:
     def to(self, device: torch.device | str) -> AttentionLayout:
         """A copy with every tensor on ``device`` (one transfer per forward, none per layer)."""
         moved = {
-            name: (value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value)
+            name: value.to(device) if isinstance(value, torch.Tensor) else value
             for name, value in self.__dict__.items()
             if name != "_float_masks"
         }
@@ -96,7 +96,7 @@ def build_layout(
     """Vectorised construction of an :class:`AttentionLayout` (on the CPU; move with ``.to``)."""
     p_new = _as_long(prefix_new, "prefix_new")
     n_req = p_new.numel()
-    p_cached = _as_long(prefix_cached if prefix_cached is not None else [0] * n_req, "prefix_cached")
+    p_cached = _as_long([0] * n_req if prefix_cached is None else prefix_cached, "prefix_cached")
     b_req = _as_long(branch_request, "branch_request")
     b_new = _as_long(branch_new, "branch_new")
     n_br = b_req.numel()

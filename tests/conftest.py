@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny randomly initialised HF checkpoints built with transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def make_hf_checkpoint(path: Path, arch: str = "qwen3", tie: bool = False, vocab: int = 128,
+                       seed: int = 0) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    kwargs = dict(
+        vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=tie,
+        max_position_embeddings=2048,
+    )
+    if arch == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**kwargs))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**kwargs))
+    # Random (not near-zero) norms so the test exercises every weight.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    model.eval().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_hf_checkpoint(tmp_path_factory.mktemp("qwen3"), "qwen3")
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_hf_checkpoint(tmp_path_factory.mktemp("llama"), "llama", tie=True)
