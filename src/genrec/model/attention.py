@@ -61,12 +61,6 @@ def attend(
     return _attend_math(q, k, v, mask, causal, scale)
 
 
-def _to_grid(x: torch.Tensor, rows: torch.Tensor, n_rows: int) -> torch.Tensor:
-    # x: [N, H, D] scattered to rows of a zero grid [n_rows, H, D]
-    grid = x.new_zeros((n_rows,) + tuple(x.shape[1:]))
-    return grid.index_copy(0, rows, x)
-
-
 class KVCache:
     """Keys and values of every layer: one prefix per request, one short tail per branch.
 
@@ -120,6 +114,35 @@ def _write(cache: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> torch
     return cache
 
 
+def _take(x: torch.Tensor, index: torch.Tensor, start: int | None) -> torch.Tensor:
+    # x[index], or a view when the rows are known to be contiguous from ``start``
+    return x[start : start + index.numel()] if start is not None else x[index]
+
+
+def _grid(x: torch.Tensor, rows: torch.Tensor, n_rows: int, identity: bool) -> torch.Tensor:
+    # rows of x placed at ``rows`` of a zero-padded grid [n_rows, ...]; identity: no copy
+    if identity:
+        return x
+    grid = x.new_zeros((n_rows,) + tuple(x.shape[1:]))
+    return grid.index_copy(0, rows, x)
+
+
+def _attend_grid(
+    q: torch.Tensor, rows: torch.Tensor, groups: int, width: int, identity: bool,
+    k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool, scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries q [N, H, D] laid out as ``groups`` padded rows of ``width`` against k/v
+    [groups, Hkv, Lk, D]; returns per-query output [N, H, D] and log-sum-exp [N, H]."""
+    n, heads, dim = q.shape
+    grid = _grid(q, rows, groups * width, identity).view(groups, width, heads, dim)
+    out, lse = attend(grid.transpose(1, 2), k, v, mask, causal, scale)
+    out = out.transpose(1, 2).reshape(groups * width, heads, dim)
+    lse = lse.transpose(1, 2).reshape(groups * width, heads)
+    if identity:
+        return out, lse
+    return out[rows], lse[rows]
+
+
 def prefix_branch_attention(
     q: torch.Tensor,
     prefix_k: torch.Tensor, prefix_v: torch.Tensor,
@@ -127,52 +150,50 @@ def prefix_branch_attention(
     layout: AttentionLayout, scale: float,
 ) -> torch.Tensor:
     """Attention of the packed queries ``q`` [T, H, D] under ``layout``; returns [T, H, D]."""
-    n_tok, heads, dim = q.shape
-    out = q.new_empty(n_tok, heads, dim)
     n_req, n_br = layout.num_requests, layout.num_branches
+    single = layout.single_request
     pk, pv = prefix_k.transpose(1, 2), prefix_v.transpose(1, 2)  # [R, Hkv, P, D]
+    parts: list[torch.Tensor] = []
 
     if layout.prefix_tokens.numel():
-        width = layout.prefix_width
-        qp = _to_grid(q[layout.prefix_tokens], layout.prefix_rows, n_req * width)
-        qp = qp.view(n_req, width, heads, dim).transpose(1, 2)
+        qp = _take(q, layout.prefix_tokens, 0 if single else None)
         mask = layout.additive_mask("prefix_mask", q.dtype)
-        o, _ = attend(qp, pk, pv, mask, layout.prefix_causal, scale)
-        o = o.transpose(1, 2).reshape(n_req * width, heads, dim)
-        out[layout.prefix_tokens] = o[layout.prefix_rows]
+        o_p, _ = _attend_grid(qp, layout.prefix_rows, n_req, layout.prefix_width, single,
+                              pk, pv, mask, layout.prefix_causal, scale)
+        parts.append(o_p)
 
     if layout.branch_tokens.numel():
-        qb = q[layout.branch_tokens]  # [Tb, H, D]
+        qb = _take(q, layout.branch_tokens, layout.prefix_tokens.numel() if single else None)
         # Part B: each branch against its own keys.
-        width = layout.branch_width
-        grid = _to_grid(qb, layout.branch_rows, n_br * width).view(n_br, width, heads, dim)
-        bk, bv = branch_k.transpose(1, 2), branch_v.transpose(1, 2)
         mask = layout.additive_mask("branch_mask", q.dtype)
-        o_b, lse_b = attend(grid.transpose(1, 2), bk, bv, mask, layout.branch_causal, scale)
-        o_b = o_b.transpose(1, 2).reshape(n_br * width, heads, dim)[layout.branch_rows]
-        lse_b = lse_b.transpose(1, 2).reshape(n_br * width, heads)[layout.branch_rows]
-        if layout.prefix_cap == 0:
-            out[layout.branch_tokens] = o_b
-            return out
-        # Part A: all branch queries of a request against its prefix, in one product.
-        width = layout.shared_width
-        grid = _to_grid(qb, layout.shared_rows, n_req * width).view(n_req, width, heads, dim)
-        mask = layout.additive_mask("shared_mask", q.dtype)
-        o_a, lse_a = attend(grid.transpose(1, 2), pk, pv, mask, False, scale)
-        o_a = o_a.transpose(1, 2).reshape(n_req * width, heads, dim)[layout.shared_rows]
-        lse_a = lse_a.transpose(1, 2).reshape(n_req * width, heads)[layout.shared_rows]
-        if layout.shared_empty is not None:
-            lse_a = lse_a.masked_fill(layout.shared_empty[:, None], _NEG_INF)
-        out[layout.branch_tokens] = merge_attention(o_a, lse_a, o_b, lse_b)
+        o_b, lse_b = _attend_grid(
+            qb, layout.branch_rows, n_br, layout.branch_width, layout.uniform_branches,
+            branch_k.transpose(1, 2), branch_v.transpose(1, 2), mask, layout.branch_causal, scale,
+        )
+        if layout.prefix_cap:
+            # Part A: all branch queries of a request against its prefix, in one product.
+            mask = layout.additive_mask("shared_mask", q.dtype)
+            o_a, lse_a = _attend_grid(qb, layout.shared_rows, n_req, layout.shared_width, single,
+                                      pk, pv, mask, False, scale)
+            if layout.shared_empty is not None:
+                lse_a = lse_a.masked_fill(layout.shared_empty[:, None], _NEG_INF)
+            o_b = merge_attention(o_a, lse_a, o_b, lse_b)
+        parts.append(o_b)
+
+    if single or len(parts) < 2:
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+    out = q.new_empty(q.shape)
+    out[layout.prefix_tokens] = parts[0]
+    out[layout.branch_tokens] = parts[1]
     return out
 
 
 def merge_attention(
     o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor
 ) -> torch.Tensor:
-    """Exact merge of two attention results over disjoint key sets ([N, H, D], lse [N, H])."""
-    m = torch.maximum(lse_a, lse_b)
-    w_a = torch.exp(lse_a - m).unsqueeze(-1)
-    w_b = torch.exp(lse_b - m).unsqueeze(-1)
-    merged = (o_a.float() * w_a + o_b.float() * w_b) / (w_a + w_b)
-    return merged.to(o_a.dtype)
+    """Exact merge of two attention results over disjoint key sets ([N, H, D], lse [N, H]).
+
+    The weight of part B is e^lse_b / (e^lse_a + e^lse_b) = sigmoid(lse_b - lse_a).
+    """
+    weight_b = torch.sigmoid(lse_b - lse_a).unsqueeze(-1)
+    return torch.lerp(o_a, o_b, weight_b.to(o_a.dtype))

@@ -7,7 +7,7 @@ from torch import nn
 
 from genrec.model.attention import KVCache, prefix_branch_attention
 from genrec.model.config import ModelConfig
-from genrec.model.layers import RMSNorm, Rotary, SwiGLU, apply_rotary
+from genrec.model.layers import RMSNorm, Rotary, SwiGLU, apply_rotary, fused_linear, linear
 from genrec.model.layout import AttentionLayout
 from genrec.model.projector import SoftTokenProjector
 
@@ -31,18 +31,19 @@ class Attention(nn.Module):
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-        layout: AttentionLayout, cache: KVCache, layer: int,
+        layout: AttentionLayout, cache: KVCache, layer: int, residual: torch.Tensor,
     ) -> torch.Tensor:
-        n = x.shape[0]  # x: [T, hidden]
-        q = self.q_proj(x).view(n, self.heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.kv_heads, self.head_dim)
+        """x: [T, hidden] (normed) -> residual + attention output [T, hidden]."""
+        n = x.shape[0]
+        qkv = fused_linear(self, x, self.q_proj, self.k_proj, self.v_proj)
+        qkv = qkv.view(n, self.heads + 2 * self.kv_heads, self.head_dim)
+        q, k, v = qkv.split([self.heads, self.kv_heads, self.kv_heads], dim=1)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         pk, pv, bk, bv = cache.write(layer, k, v, layout)
         out = prefix_branch_attention(q, pk, pv, bk, bv, layout, self.scale)
-        return self.o_proj(out.reshape(n, self.heads * self.head_dim))
+        return linear(out.reshape(n, self.heads * self.head_dim), self.o_proj, add=residual)
 
 
 class DecoderLayer(nn.Module):
@@ -54,8 +55,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, rope, layout, cache, layer):  # noqa: ANN001 - see DecoderLM.forward
-        x = x + self.self_attn(self.input_layernorm(x), rope, layout, cache, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = self.self_attn(self.input_layernorm(x), rope, layout, cache, layer, residual=x)
+        return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
 class Backbone(nn.Module):
@@ -126,7 +127,7 @@ class DecoderLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits of hidden states [N, hidden] -> [N, vocab] (fp32)."""
-        return self.lm_head(hidden).float()
+        return linear(hidden, self.lm_head).float()
 
     def label_logits(self, hidden: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
         """Logits of the given tokens only: [N, hidden], [K] -> [N, K] (fp32)."""

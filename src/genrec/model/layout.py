@@ -61,6 +61,8 @@ class AttentionLayout:
     shared_mask: torch.Tensor | None  # bool [R, 1, 1, prefix_cap]; None when no padding
     shared_empty: torch.Tensor | None  # bool [Tb]: branch token whose request has no prefix
     positions: torch.Tensor  # [T] default positions: a branch continues from its prefix end
+    single_request: bool  # one request: prefix tokens are [0, Tp), branch tokens [Tp, T)
+    uniform_branches: bool  # every branch has branch_width new tokens: branch_rows is arange
     _float_masks: dict = field(default_factory=dict, repr=False)
 
     def to(self, device: torch.device | str) -> AttentionLayout:
@@ -171,5 +173,6 @@ def build_layout(
         branch_slots=branch_slots, branch_rows=branch_rows, branch_width=b_width,
         branch_causal=branch_causal, branch_mask=branch_mask,
         shared_rows=shared_rows, shared_width=shared_width, shared_mask=shared_mask,
-        shared_empty=shared_empty, positions=positions,
+        shared_empty=shared_empty, positions=positions, single_request=n_req == 1,
+        uniform_branches=bool(n_br == 0 or int(b_new.min()) == b_width),
     )
