@@ -2,6 +2,19 @@
 
 __version__ = "0.1.0"
 
-from genrec.engine import Embeds, Engine, EngineConfig, InputError, ScoreParams, ScoreRequest
+from genrec.engine import (  # noqa: E402
+    BeamParams,
+    Embeds,
+    Engine,
+    EngineConfig,
+    InputError,
+    Recommendation,
+    RecommendRequest,
+    ScoreParams,
+    ScoreRequest,
+)
 
-__all__ = ["Embeds", "Engine", "EngineConfig", "InputError", "ScoreParams", "ScoreRequest"]
+__all__ = [
+    "BeamParams", "Embeds", "Engine", "EngineConfig", "InputError", "Recommendation",
+    "RecommendRequest", "ScoreParams", "ScoreRequest",
+]

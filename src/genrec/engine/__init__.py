@@ -1,7 +1,17 @@
-"""The engine: composed inputs, packed prefix + branch batches, scoring."""
+"""The engine: composed inputs, packed prefix + branch batches, scoring, beam search."""
 
 from genrec.engine.engine import Engine
 from genrec.engine.inputs import Embeds, InputError
-from genrec.engine.params import EngineConfig, ScoreParams, ScoreRequest
+from genrec.engine.params import (
+    BeamParams,
+    EngineConfig,
+    Recommendation,
+    RecommendRequest,
+    ScoreParams,
+    ScoreRequest,
+)
 
-__all__ = ["Embeds", "Engine", "EngineConfig", "InputError", "ScoreParams", "ScoreRequest"]
+__all__ = [
+    "BeamParams", "Embeds", "Engine", "EngineConfig", "InputError", "Recommendation",
+    "RecommendRequest", "ScoreParams", "ScoreRequest",
+]

@@ -59,6 +59,7 @@ def pack_requests(
     user_vectors: Sequence[object | None],
     limits: RequestLimits,
     field: str = "requests",
+    require_branches: bool = True,
 ) -> PackedBatch:
     """Validate and pack requests (prefix then its branches, request after request).
 
@@ -71,7 +72,7 @@ def pack_requests(
     req_starts: list[int] = []
     for r, (prefix, cands) in enumerate(zip(prefixes, branches, strict=True)):
         where = f"{field}[{r}]"
-        if isinstance(cands, (str, bytes)) or not cands:
+        if isinstance(cands, (str, bytes)) or (require_branches and not cands):
             raise InputError(f"{where}.candidates: empty candidate list")
         base = len(packer)
         req_starts.append(base)

@@ -8,37 +8,97 @@ from pathlib import Path
 import torch
 
 from genrec.catalog.item_table import ItemTable
-from genrec.engine.batch import RequestLimits, item_rows, pack_requests
+from genrec.catalog.trie import SemanticTrie
+from genrec.engine.batch import PackedBatch, RequestLimits, item_rows, pack_requests
 from genrec.engine.inputs import InputError, Part, build_input_embeds
-from genrec.engine.params import EngineConfig, ScoreParams, ScoreRequest
+from genrec.engine.params import (
+    BeamParams,
+    EngineConfig,
+    Recommendation,
+    RecommendRequest,
+    ScoreParams,
+    ScoreRequest,
+)
+from genrec.engine.retrieval import recommend_batch
 from genrec.engine.scoring import read_scores
+from genrec.generative.vocab import SOFT_ID, SidVocab
 from genrec.model.checkpoint import load_model
 from genrec.model.decoder import DecoderLM
 
 
 class Engine:
-    """Serves a decoder LM for recommendation: multi-item scoring on a shared prefix.
+    """Serves a decoder LM for recommendation: multi-item scoring on a shared prefix
+    (:meth:`score`) and generative retrieval by constrained beam search (:meth:`recommend`).
 
     The engine holds no per-request state: a rejected request leaves it as it was.
     """
 
     def __init__(
         self, model: DecoderLM, item_table: ItemTable | None = None,
-        config: EngineConfig | None = None,
+        config: EngineConfig | None = None, vocab: SidVocab | None = None,
     ) -> None:
         self.model = model.eval()
         self.config = config or EngineConfig()
         self.item_table: ItemTable | None = None
+        self.vocab: SidVocab | None = None
+        self.trie: SemanticTrie | None = None
         if item_table is not None:
             self.set_item_table(item_table)
+        if vocab is not None:
+            self.set_vocab(vocab)
 
     @classmethod
     def from_pretrained(
         cls, path: str | Path, dtype: str | torch.dtype | None = None,
         device: str | torch.device = "cpu", config: EngineConfig | None = None,
     ) -> Engine:
-        """Load a checkpoint directory (strictly) onto ``device`` in ``dtype``."""
-        return cls(load_model(path, dtype=dtype, device=device), config=config)
+        """Load a checkpoint directory (strictly) onto ``device`` in ``dtype``; a generative
+        model's Semantic-ID vocabulary saved beside it is loaded too."""
+        vocab = SidVocab.load(path) if SidVocab.exists(path) else None
+        if vocab is not None and config is None:
+            config = EngineConfig(soft_token_id=SOFT_ID)
+        return cls(load_model(path, dtype=dtype, device=device), config=config, vocab=vocab)
+
+    def set_vocab(self, vocab: SidVocab) -> None:
+        """Install the Semantic-ID vocabulary and build its trie on the model's device."""
+        if vocab.vocab_size > self.model.config.vocab_size:
+            raise ValueError(
+                f"Semantic-ID vocabulary needs {vocab.vocab_size} tokens, the model has "
+                f"{self.model.config.vocab_size}"
+            )
+        trie = SemanticTrie.from_index(vocab.index).to(self.model.device)
+        self.vocab, self.trie = vocab, trie
+
+    def recommend(
+        self, requests: Sequence[RecommendRequest], params: BeamParams | None = None
+    ) -> list[Recommendation]:
+        """Top-n catalog items per request by constrained beam search (all requests batched).
+
+        Every returned item is a real catalog item allowed by the request's filters; fewer
+        than n come back only when fewer items are allowed.
+        """
+        if self.vocab is None or self.trie is None:
+            raise ValueError("this engine has no Semantic-ID vocabulary (not a generative model)")
+        params = params or BeamParams()
+        params.validate()
+        if not requests:
+            raise InputError("requests: empty request list")
+        return recommend_batch(self, requests, params)
+
+    def pack(
+        self, prefixes: Sequence[Part], branches: Sequence[Sequence[Part]],
+        user_vectors: Sequence[object | None], require_branches: bool = True,
+    ) -> PackedBatch:
+        """Validate and pack requests against this engine's model and tables."""
+        return pack_requests(prefixes, branches, user_vectors, self._limits(),
+                             require_branches=require_branches)
+
+    def embed(self, batch: PackedBatch) -> torch.Tensor:
+        """Input embeddings [T, hidden] of a packed batch, on the model's device."""
+        model = self.model
+        return build_input_embeds(
+            model.model.embed_tokens, batch.inputs, self.item_table, model.user_projector
+        )
 
     def set_item_table(self, table: ItemTable) -> None:
         """Install an item table (moved to the model's device and dtype) in one swap."""
@@ -105,15 +165,10 @@ class Engine:
         return groups
 
     def _score_group(self, group: list[ScoreRequest], params: ScoreParams) -> list[torch.Tensor]:
-        batch = pack_requests(
-            [r.prefix for r in group], [r.candidates for r in group],
-            [r.user_vector for r in group], self._limits(),
-        )
+        batch = self.pack([r.prefix for r in group], [r.candidates for r in group],
+                          [r.user_vector for r in group])
         model = self.model
-        embeds = build_input_embeds(
-            model.model.embed_tokens, batch.inputs, self.item_table, model.user_projector
-        )
         layout = batch.layout.to(model.device)
-        hidden = model(embeds, layout.positions, layout)
+        hidden = model(self.embed(batch), layout.positions, layout)
         scores = read_scores(model, hidden, batch, params).cpu()
         return list(torch.split(scores, batch.branch_counts))

@@ -57,3 +57,43 @@ class EngineConfig:
 
     max_batch_tokens: int = 65536
     soft_token_id: int | None = None
+
+
+MAX_BEAM_WIDTH = 256
+
+
+@dataclass
+class BeamParams:
+    """Constrained beam search: ``beam_width`` beams (<= 256), the best ``n`` items returned."""
+
+    beam_width: int = 20
+    n: int = 10
+
+    def validate(self) -> None:
+        for name in ("beam_width", "n"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.beam_width > MAX_BEAM_WIDTH:
+            raise ValueError(f"beam_width {self.beam_width} is over the limit of {MAX_BEAM_WIDTH}")
+        if self.n > self.beam_width:
+            raise ValueError(f"n ({self.n}) must not exceed beam_width ({self.beam_width})")
+
+
+@dataclass
+class RecommendRequest:
+    """One user for generative retrieval: history item ids (oldest first), an optional user
+    vector (soft token), and optional item filters (``exclude`` removes, ``allow`` restricts)."""
+
+    history: Sequence[int]
+    user_vector: torch.Tensor | Sequence[float] | None = None
+    exclude: Sequence[int] | None = None
+    allow: Sequence[int] | None = None
+
+
+@dataclass
+class Recommendation:
+    """Top items of one request, best first, with summed log-probabilities of their IDs."""
+
+    items: list[int]
+    scores: list[float]

@@ -96,12 +96,17 @@ class DecoderLM(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def new_cache(self, layout: AttentionLayout) -> KVCache:
-        """A cache sized for ``layout`` (prefix and branch capacities)."""
+    def new_cache(
+        self, layout: AttentionLayout, num_branches: int | None = None,
+        branch_cap: int | None = None,
+    ) -> KVCache:
+        """A cache sized for ``layout``, or for more branches (beam search) when given."""
         cfg = self.config
         return KVCache(
-            cfg.num_hidden_layers, layout.num_requests, layout.prefix_cap, layout.num_branches,
-            layout.branch_cap, cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device,
+            cfg.num_hidden_layers, layout.num_requests, layout.prefix_cap,
+            layout.num_branches if num_branches is None else num_branches,
+            layout.branch_cap if branch_cap is None else branch_cap,
+            cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device,
         )
 
     def forward(

@@ -31,17 +31,21 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        # positions: [T] -> cos, sin: [T, 1, head_dim]
+        """positions [T] -> cos, signed sin: [T, 1, head_dim] (signed: -sin on the first half)."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+        cos, sin = freqs.cos(), freqs.sin()
+        return (
+            torch.cat((cos, cos), dim=-1).to(dtype)[:, None, :],
+            torch.cat((-sin, sin), dim=-1).to(dtype)[:, None, :],
+        )
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [T, heads, head_dim]
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x * cos + rotate_half(x) * sin, with rotate_half(x) * sin = roll(x) * signed_sin.
+
+    x: [T, heads, head_dim]; cos, signed_sin: [T, 1, head_dim].
+    """
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
 class SwiGLU(nn.Module):

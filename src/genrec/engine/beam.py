@@ -1,0 +1,113 @@
+"""Constrained beam search over Semantic IDs, on the shared-prefix + branches mechanism.
+
+Each request's prefix is computed once into the KV cache; every beam is a branch carrying
+only its own few tokens. Each level is one batched forward of R*B single tokens, one gather
+of allowed codes from the trie tensors and one top-k over beams x codes per request: no Python
+loop over beams or requests, and nothing read back to the host until the end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from genrec.catalog.trie import SemanticTrie, allowed_codes
+from genrec.model.decoder import DecoderLM
+from genrec.model.layout import AttentionLayout, build_layout
+
+_NEG_INF = float("-inf")
+
+
+@dataclass
+class BeamResult:
+    """Per request, best first: ``items`` int64 [R, B] (-1: no item) and ``scores`` [R, B]
+    (summed log-probabilities of the item's tokens; -inf where no item)."""
+
+    items: torch.Tensor
+    scores: torch.Tensor
+
+
+def level_logprobs(
+    model: DecoderLM, hidden: torch.Tensor, offset: int, size: int
+) -> torch.Tensor:
+    """Full-vocabulary log-probabilities of the tokens ``offset .. offset+size-1``:
+    hidden [N, H] -> [N, size] (fp32)."""
+    ids = torch.arange(offset, offset + size, device=hidden.device)
+    return model.label_logits(hidden, ids) - torch.logsumexp(model.logits(hidden), -1, True)
+
+
+def step_layouts(
+    prefix_lens: list[int], beam_width: int, levels: int, device: torch.device
+) -> list[AttentionLayout]:
+    """Layouts of the decode steps (level 1 .. levels-1): one new token per beam."""
+    n_req = len(prefix_lens)
+    branch_req = torch.arange(n_req).repeat_interleave(beam_width)
+    return [
+        build_layout(
+            [0] * n_req, branch_req, [1] * (n_req * beam_width), prefix_cached=prefix_lens,
+            branch_cached=[level - 1] * (n_req * beam_width), branch_cap=levels - 1,
+        ).to(device)
+        for level in range(1, levels)
+    ]
+
+
+@torch.inference_mode()
+def constrained_beam_search(
+    model: DecoderLM,
+    trie: SemanticTrie,
+    level_offsets: list[int],
+    embeds: torch.Tensor,
+    prefix_layout: AttentionLayout,
+    prefix_last: torch.Tensor,
+    beam_width: int,
+    item_counts: torch.Tensor | None = None,
+) -> BeamResult:
+    """Beam search of width ``beam_width`` over the trie's levels for a batch of prefixes.
+
+    ``embeds`` [T, H] and ``prefix_layout`` (prefixes only, on the model's device) describe the
+    prompts; ``prefix_last`` [R] is each prompt's last packed row. ``item_counts`` (from
+    :func:`genrec.catalog.trie.ranked_prefix_counts`) applies per-request item filters.
+    Scores are summed full-vocabulary log-probabilities, so with ``beam_width`` >= the number
+    of allowed items the result is the exact top of all items.
+    """
+    device = embeds.device
+    n_req, width, levels = prefix_layout.num_requests, beam_width, trie.num_levels
+    prefix_lens = prefix_layout.prefix_len.tolist()
+    cache = model.new_cache(prefix_layout, num_branches=n_req * width, branch_cap=levels - 1)
+    hidden = model(embeds, prefix_layout.positions, prefix_layout, cache)
+    layouts = step_layouts(prefix_lens, width, levels, device)
+    rows = torch.arange(n_req, device=device)[:, None] * width  # [R, 1] first beam of each
+
+    # Level 0: every request starts from the root with one live beam.
+    logp = level_logprobs(model, hidden[prefix_last], level_offsets[0], trie.codebook_sizes[0])
+    nodes = torch.zeros(n_req, 1, dtype=torch.long, device=device)
+    scores = torch.zeros(n_req, 1, device=device)
+    for level in range(levels):
+        size = trie.codebook_sizes[level]
+        ok = allowed_codes(trie, level, nodes, counts=item_counts)  # [R, b, K]
+        cand = scores[:, :, None] + torch.where(ok, logp.view(ok.shape), _NEG_INF)
+        top, idx = cand.view(n_req, -1).topk(min(width, cand[0].numel()), dim=1)  # [R, B]
+        parent, code = idx // size, idx % size
+        prev = nodes.gather(1, parent).clamp(min=0)
+        dead = torch.isinf(top)
+        table = trie.child[level] if level + 1 < levels else trie.leaf_item
+        nodes = table[prev, code].masked_fill(dead, -1)
+        scores = top
+        if level + 1 == levels:
+            break
+        if top.shape[1] < width:  # level 0 had fewer codes than beams: pad with dead beams
+            pad = width - top.shape[1]
+            nodes = torch.nn.functional.pad(nodes, (0, pad), value=-1)
+            scores = torch.nn.functional.pad(scores, (0, pad), value=_NEG_INF)
+            parent = torch.nn.functional.pad(parent, (0, pad))
+            code = torch.nn.functional.pad(code, (0, pad))
+        if level > 0:
+            cache.reorder_branches((rows + parent).reshape(-1))
+        tokens = (code + level_offsets[level]).reshape(-1)
+        layout = layouts[level]
+        hidden = model(model.model.embed_tokens(tokens), layout.positions, layout, cache)
+        logp = level_logprobs(
+            model, hidden, level_offsets[level + 1], trie.codebook_sizes[level + 1]
+        )
+    return BeamResult(items=nodes, scores=scores)

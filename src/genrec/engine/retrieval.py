@@ -1,0 +1,81 @@
+"""Engine.recommend: prompts from histories, filters, one batched constrained beam search."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from genrec.catalog.trie import build_item_mask, ranked_prefix_counts
+from genrec.engine.beam import constrained_beam_search
+from genrec.engine.inputs import InputError
+from genrec.engine.params import BeamParams, Recommendation, RecommendRequest
+
+if TYPE_CHECKING:
+    from genrec.engine.engine import Engine
+
+
+def recommend_batch(
+    engine: Engine, requests: Sequence[RecommendRequest], params: BeamParams
+) -> list[Recommendation]:
+    """Validate requests, build their prompts, run one beam search, return top-n items."""
+    vocab, trie, model = engine.vocab, engine.trie, engine.model
+    prompts = []
+    for r, req in enumerate(requests):
+        field = f"requests[{r}]"
+        history = list(req.history) if not isinstance(req.history, (str, bytes)) else None
+        if history is None:
+            raise InputError(f"{field}.history: expected a list of item ids")
+        vocab.check_items(history, f"{field}.history")
+        if not history and req.user_vector is None:
+            raise InputError(f"{field}.history: empty history and no user_vector")
+        for name in ("exclude", "allow"):
+            items = getattr(req, name)
+            if items is not None:
+                vocab.check_items(list(items), f"{field}.{name}")
+        prompts.append(vocab.prompt(history, soft_token=req.user_vector is not None))
+    n_levels = vocab.num_levels
+    for r, prompt in enumerate(prompts):
+        if len(prompt) + n_levels > model.config.max_position_embeddings:
+            raise InputError(f"requests[{r}].history: prompt of {len(prompt)} tokens exceeds "
+                             f"the model's {model.config.max_position_embeddings} positions")
+    batch = engine.pack(prompts, [[] for _ in prompts], [q.user_vector for q in requests],
+                        require_branches=False)
+    counts = None
+    if any(q.exclude is not None or q.allow is not None for q in requests):
+        mask = build_item_mask(
+            trie.num_items, allow=[q.allow for q in requests],
+            exclude=[q.exclude for q in requests], device=model.device,
+        )
+        counts = ranked_prefix_counts(trie, mask)
+    layout = batch.layout.to(model.device)
+    result = constrained_beam_search(
+        model, trie, vocab.level_offsets, engine.embed(batch), layout,
+        batch.prefix_last.to(model.device), params.beam_width, counts,
+    )
+    items, scores = result.items[:, : params.n].cpu(), result.scores[:, : params.n].cpu()
+    out = []
+    for row_items, row_scores in zip(items, scores, strict=True):
+        keep = row_items >= 0
+        out.append(Recommendation(items=row_items[keep].tolist(),
+                                  scores=row_scores[keep].tolist()))
+    return out
+
+
+def exhaustive_top(
+    engine: Engine, request: RecommendRequest, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference: score every allowed item with multi-item scoring, return the top n
+    (items, summed log-probabilities). Slow on big catalogs; for tests and checks."""
+    from genrec.engine.params import ScoreParams
+
+    vocab = engine.vocab
+    mask = build_item_mask(vocab.index.num_items, allow=[request.allow],
+                           exclude=[request.exclude])[0]
+    items = torch.nonzero(mask)[:, 0]
+    prompt = vocab.prompt(request.history, soft_token=request.user_vector is not None)
+    cands = vocab.item_tokens(items).tolist()
+    scores = engine.score(prompt, cands, ScoreParams(mode="loglik"), request.user_vector)
+    top = scores.topk(min(n, len(cands)))
+    return items[top.indices], top.values

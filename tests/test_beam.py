@@ -1,0 +1,99 @@
+"""Constrained beam search: exact when wide enough, batch-independent, filtered, validated."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from genrec import BeamParams, Engine, EngineConfig, RecommendRequest
+from genrec.catalog.semantic_ids import SemanticIndex
+from genrec.engine.retrieval import exhaustive_top
+from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
+from genrec.model import ModelConfig, build_model
+
+SIZES = [5, 4, 3]
+
+
+def _catalog(n_items: int = 40, seed: int = 0) -> SemanticIndex:
+    g = torch.Generator().manual_seed(seed)
+    all_ids = torch.cartesian_prod(*[torch.arange(k) for k in SIZES])
+    pick = torch.randperm(all_ids.shape[0], generator=g)[:n_items]
+    return SemanticIndex(all_ids[pick], SIZES)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    torch.manual_seed(0)
+    vocab = SidVocab(_catalog(), max_history=6)
+    cfg = ModelConfig(vocab_size=NUM_SPECIAL + sum(SIZES), hidden_size=32, intermediate_size=48,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=8, user_dim=5, max_position_embeddings=64)
+    model = build_model(cfg)
+    with torch.no_grad():  # sharper distributions than the default init
+        model.lm_head.weight.mul_(40)
+    return Engine(model, config=EngineConfig(soft_token_id=SOFT_ID), vocab=vocab)
+
+
+def _requests() -> list[RecommendRequest]:
+    return [
+        RecommendRequest(history=[3, 17, 8]),
+        RecommendRequest(history=[1], user_vector=torch.linspace(-1, 1, 5)),
+        RecommendRequest(history=[5, 6, 7, 8, 9, 10, 11, 12], exclude=[0, 1, 2]),
+        RecommendRequest(history=[20], allow=[4, 9, 30, 31]),
+    ]
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_wide_beam_equals_exhaustive_top(engine: Engine, index: int) -> None:
+    request = _requests()[index]
+    got = engine.recommend([request], BeamParams(beam_width=40, n=10))[0]
+    items, scores = exhaustive_top(engine, request, 10)
+    assert got.items == items.tolist()
+    assert torch.allclose(torch.tensor(got.scores), scores, atol=1e-4)
+
+
+def test_batched_equals_alone(engine: Engine) -> None:
+    params = BeamParams(beam_width=8, n=5)
+    together = engine.recommend(_requests(), params)
+    for request, rec in zip(_requests(), together, strict=True):
+        alone = engine.recommend([request], params)[0]
+        assert alone.items == rec.items
+        assert torch.allclose(torch.tensor(alone.scores), torch.tensor(rec.scores), atol=1e-5)
+
+
+def test_outputs_are_catalog_items_and_filters_hold(engine: Engine) -> None:
+    recs = engine.recommend(_requests(), BeamParams(beam_width=6, n=6))
+    for rec in recs:
+        assert len(rec.items) == len(set(rec.items)) and all(0 <= i < 40 for i in rec.items)
+        assert rec.scores == sorted(rec.scores, reverse=True)
+    assert not set(recs[2].items) & {0, 1, 2}
+    assert set(recs[3].items) <= {4, 9, 30, 31} and len(recs[3].items) == 4
+
+
+def test_filters_that_remove_everything_give_an_empty_result(engine: Engine) -> None:
+    rec = engine.recommend([RecommendRequest([1], exclude=list(range(40)))])[0]
+    assert rec.items == [] and rec.scores == []
+    rec = engine.recommend([RecommendRequest([1], allow=[])], BeamParams(4, 2))[0]
+    assert rec.items == []
+
+
+@pytest.mark.parametrize(
+    ("request_", "params", "message"),
+    [
+        (RecommendRequest([1, 99]), BeamParams(), r"requests\[0\].history: unknown item id 99"),
+        (RecommendRequest([]), BeamParams(), "empty history"),
+        (RecommendRequest([1], exclude=[-1]), BeamParams(), "exclude: unknown item id -1"),
+        (RecommendRequest([1]), BeamParams(beam_width=4, n=5), "must not exceed beam_width"),
+        (RecommendRequest([1]), BeamParams(beam_width=300, n=5), "over the limit of 256"),
+        (RecommendRequest([1], user_vector=[1.0, 2.0]), BeamParams(), "dimension 5"),
+    ],
+)
+def test_bad_requests(engine: Engine, request_, params, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        engine.recommend([request_], params)
+    assert engine.recommend([RecommendRequest([2])], BeamParams(4, 2))[0].items
+
+
+def test_engine_without_vocabulary_refuses(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="no Semantic-ID vocabulary"):
+        Engine(engine.model).recommend([RecommendRequest([1])])
