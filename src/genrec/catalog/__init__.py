@@ -1,0 +1,39 @@
+"""Item catalog: Semantic IDs, the constraint trie and item embeddings."""
+
+from genrec.catalog.embeddings import (
+    SentenceEncoder,
+    encode_texts,
+    format_item_text,
+    item_texts,
+    load_embeddings,
+    save_embeddings,
+)
+from genrec.catalog.semantic_ids import (
+    SemanticIndex,
+    build_semantic_index,
+    load_sid_index,
+    residual_kmeans,
+)
+from genrec.catalog.trie import (
+    SemanticTrie,
+    allowed_codes,
+    build_item_mask,
+    level_masks,
+)
+
+__all__ = [
+    "SemanticIndex",
+    "SemanticTrie",
+    "SentenceEncoder",
+    "allowed_codes",
+    "build_item_mask",
+    "build_semantic_index",
+    "encode_texts",
+    "format_item_text",
+    "item_texts",
+    "level_masks",
+    "load_embeddings",
+    "load_sid_index",
+    "residual_kmeans",
+    "save_embeddings",
+]

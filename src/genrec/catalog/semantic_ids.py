@@ -1,0 +1,419 @@
+"""Semantic IDs: per-item code tuples, their token mapping, and how to build, load and save them.
+
+An item's Semantic ID is a tuple of codes ``(c_0, ..., c_{L-1})`` with ``0 <= c_l < K_l``. In the
+model vocabulary each level has its own token range: level ``l`` code ``c`` is token
+``base + sum(K_0..K_{l-1}) + c`` (see :meth:`SemanticIndex.token_offsets`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from genrec.utils.atomic import atomic_write_json
+
+FORMAT = "genrec.semantic_index"
+FORMAT_VERSION = 1
+_TOKEN = re.compile(r"^<([a-z])_(\d+)>$")
+_MAX_LISTED = 10
+
+
+@dataclass
+class SemanticIndex:
+    """Semantic IDs of a catalog: ``codes`` int64 [num_items, levels], ``codebook_sizes`` [levels].
+
+    ``item_ids`` optionally records the original item id of each row, ``meta`` how it was built.
+    Treat ``codes`` as immutable: token -> item lookups cache a table built from it.
+    """
+
+    codes: torch.Tensor
+    codebook_sizes: list[int]
+    item_ids: list[str] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    # sorted mixed-radix keys of all IDs and the item of each, built on first lookup
+    _lookup: tuple[torch.Tensor, torch.Tensor] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        self.codes = torch.as_tensor(self.codes, dtype=torch.int64)
+        self.codebook_sizes = [int(k) for k in self.codebook_sizes]
+        if self.codes.dim() != 2 or self.codes.shape[1] != len(self.codebook_sizes):
+            shape = tuple(self.codes.shape)
+            raise ValueError(f"codes must be [num_items, {self.num_levels}], got {shape}")
+        if self.item_ids is not None and len(self.item_ids) != self.codes.shape[0]:
+            raise ValueError(f"{len(self.item_ids)} item ids for {self.codes.shape[0]} code rows")
+        sizes = torch.tensor(self.codebook_sizes, dtype=torch.int64, device=self.codes.device)
+        bad = ((self.codes < 0) | (self.codes >= sizes)).any(dim=1).nonzero().flatten()
+        if bad.numel():
+            i = int(bad[0])
+            raise ValueError(
+                f"item {self._name(i)} has codes {self.codes[i].tolist()} outside the codebook "
+                f"sizes {self.codebook_sizes} ({bad.numel()} items affected)"
+            )
+
+    @property
+    def num_items(self) -> int:
+        """Number of items (rows of ``codes``)."""
+        return int(self.codes.shape[0])
+
+    @property
+    def num_levels(self) -> int:
+        """Number of code levels per ID."""
+        return len(self.codebook_sizes)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of Semantic-ID tokens over all levels (sum of the codebook sizes)."""
+        return sum(self.codebook_sizes)
+
+    def _name(self, i: int) -> str:
+        return f"{i} (id {self.item_ids[i]!r})" if self.item_ids is not None else str(i)
+
+    def token_offsets(self, base: int = 0) -> list[int]:
+        """First token id of each level: ``base + sum of the earlier codebook sizes``."""
+        offsets, total = [], base
+        for k in self.codebook_sizes:
+            offsets.append(total)
+            total += k
+        return offsets
+
+    def item_to_tokens(self, items: torch.Tensor | Sequence[int], base: int = 0) -> torch.Tensor:
+        """Token ids of items: [n] -> int64 [n, levels]."""
+        items = torch.as_tensor(items, dtype=torch.int64, device=self.codes.device)
+        offsets = torch.tensor(self.token_offsets(base), device=self.codes.device)
+        return self.codes[items] + offsets
+
+    def tokens_to_codes(self, tokens: torch.Tensor, base: int = 0) -> torch.Tensor:
+        """Token ids [..., levels] -> codes [..., levels] (-1 where a token is out of its level)."""
+        offsets = torch.tensor(self.token_offsets(base), device=tokens.device)
+        sizes = torch.tensor(self.codebook_sizes, device=tokens.device)
+        codes = tokens.to(torch.int64) - offsets
+        return torch.where((codes >= 0) & (codes < sizes), codes, torch.full_like(codes, -1))
+
+    def codes_to_items(self, codes: torch.Tensor) -> torch.Tensor:
+        """Item index of each code tuple: [..., levels] -> [...] int64, -1 if no item has it."""
+        keys, items = self._lookup_table(codes.device)
+        valid = (codes >= 0) & (codes < torch.tensor(self.codebook_sizes, device=codes.device))
+        query = self._keys(codes.clamp(min=0)).reshape(-1)
+        pos = torch.searchsorted(keys, query).clamp(max=keys.numel() - 1)
+        hit = (keys[pos] == query) & valid.all(dim=-1).reshape(-1)
+        return torch.where(hit, items[pos], torch.full_like(query, -1)).reshape(codes.shape[:-1])
+
+    def tokens_to_items(self, tokens: torch.Tensor, base: int = 0) -> torch.Tensor:
+        """Item index of each token tuple: [..., levels] -> [...] int64, -1 if not an item."""
+        return self.codes_to_items(self.tokens_to_codes(tokens, base))
+
+    def _keys(self, codes: torch.Tensor) -> torch.Tensor:
+        """Mixed-radix integer key of each code tuple: [..., levels] -> [...]."""
+        key = torch.zeros(codes.shape[:-1], dtype=torch.int64, device=codes.device)
+        for level, k in enumerate(self.codebook_sizes):
+            key = key * k + codes[..., level]
+        return key
+
+    def _lookup_table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._lookup is None:
+            self.validate()
+            keys, order = torch.sort(self._keys(self.codes))
+            self._lookup = (keys, order)
+        keys, order = self._lookup
+        if keys.device != device:
+            self._lookup = keys, order = keys.to(device), order.to(device)
+        return keys, order
+
+    def validate(self) -> None:
+        """Raise ValueError naming the items if two items share a full Semantic ID."""
+        prod = 1
+        for k in self.codebook_sizes:
+            prod *= k
+        if prod >= 2**62:
+            raise ValueError(f"codebook sizes {self.codebook_sizes} too large for int64 keys")
+        groups = duplicate_groups(self.codes)
+        if groups:
+            desc = "; ".join(
+                f"{self.codes[g[0]].tolist()}: items {', '.join(self._name(i) for i in g[:5])}"
+                + (f" (+{len(g) - 5} more)" if len(g) > 5 else "")
+                for g in groups[:5]
+            )
+            raise ValueError(
+                f"{len(groups)} Semantic IDs are shared by several items (largest group "
+                f"{len(groups[0])}): {desc}"
+            )
+
+    def to(self, device: torch.device | str) -> SemanticIndex:
+        """A copy with ``codes`` on ``device``."""
+        return SemanticIndex(self.codes.to(device), self.codebook_sizes, self.item_ids, self.meta)
+
+    def save(self, path: str | Path) -> None:
+        """Write the index as JSON (atomically: temporary file + rename)."""
+        atomic_write_json(
+            path,
+            {
+                "format": FORMAT,
+                "version": FORMAT_VERSION,
+                "codebook_sizes": self.codebook_sizes,
+                "num_items": self.num_items,
+                "codes": self.codes.cpu().tolist(),
+                "item_ids": self.item_ids,
+                "meta": self.meta,
+            },
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> SemanticIndex:
+        """Read an index written by :meth:`save`; validates the uniqueness of IDs."""
+        with open(path) as f:
+            data = json.load(f)
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"{path}: not a {FORMAT} file")
+        if data.get("version") != FORMAT_VERSION:
+            raise ValueError(f"{path}: unsupported version {data.get('version')!r}")
+        sizes = data["codebook_sizes"]
+        codes = torch.tensor(data["codes"], dtype=torch.int64).reshape(-1, len(sizes))
+        if codes.shape[0] != data["num_items"]:
+            raise ValueError(f"{path}: {codes.shape[0]} code rows, expected {data['num_items']}")
+        index = cls(codes, sizes, data.get("item_ids"), data.get("meta") or {})
+        index.validate()
+        return index
+
+
+def duplicate_groups(codes: torch.Tensor) -> list[list[int]]:
+    """Groups (sorted item lists) of items sharing the same code row, largest groups first."""
+    _, inverse, counts = torch.unique(codes, dim=0, return_inverse=True, return_counts=True)
+    if codes.shape[0] == 0 or int(counts.max()) <= 1:
+        return []
+    dup_mask = counts[inverse] > 1
+    items = dup_mask.nonzero().flatten()
+    groups: dict[int, list[int]] = {}
+    for item, group in zip(items.tolist(), inverse[items].tolist(), strict=True):
+        groups.setdefault(group, []).append(item)
+    return sorted(groups.values(), key=lambda g: (-len(g), g[0]))
+
+
+def dedup_level(codes: torch.Tensor) -> torch.Tensor:
+    """Counter among items sharing the same code row, in item order: [n, levels] -> [n].
+
+    Appending it as a last level makes every ID unique; its codebook size is ``max + 1``.
+    """
+    n = codes.shape[0]
+    if n == 0:
+        return torch.zeros(0, dtype=torch.int64, device=codes.device)
+    _, inverse = torch.unique(codes, dim=0, return_inverse=True)
+    # stable sort by group keeps item order inside each group
+    order = torch.sort(inverse, stable=True).indices
+    grouped = inverse[order]
+    pos = torch.arange(n, device=codes.device)
+    is_start = torch.ones(n, dtype=torch.bool, device=codes.device)
+    is_start[1:] = grouped[1:] != grouped[:-1]
+    start = torch.cummax(torch.where(is_start, pos, torch.zeros_like(pos)), dim=0).values
+    counter = torch.empty_like(pos)
+    counter[order] = pos - start
+    return counter
+
+
+def with_dedup_level(codes: torch.Tensor, codebook_sizes: Sequence[int]) -> SemanticIndex:
+    """Append the :func:`dedup_level` counter to ``codes``; size = max collisions (>= 1)."""
+    counter = dedup_level(codes)
+    size = int(counter.max()) + 1 if counter.numel() else 1
+    return SemanticIndex(torch.cat([codes, counter[:, None]], dim=1), [*codebook_sizes, size])
+
+
+def _per_level(sizes: int | Sequence[int], levels: int) -> list[int]:
+    out = [sizes] * levels if isinstance(sizes, int) else [int(k) for k in sizes]
+    if len(out) != levels:
+        raise ValueError(f"{len(out)} codebook sizes given for {levels} levels")
+    return out
+
+
+def build_semantic_index(
+    embeddings: torch.Tensor,
+    levels: int = 3,
+    codebook_size: int | Sequence[int] = 256,
+    iters: int = 50,
+    seed: int = 0,
+    init: Literal["kmeans++", "random"] = "kmeans++",
+    dedup: bool = True,
+    item_ids: list[str] | None = None,
+) -> SemanticIndex:
+    """Residual k-means Semantic IDs over item embeddings [num_items, dim].
+
+    ``levels`` k-means levels (codebook size per level: an int or one per level), then, with
+    ``dedup``, a last level counting items that share the same prefix so every ID is unique
+    (without it, colliding IDs raise a ValueError). Runs on the device of ``embeddings``.
+    """
+    sizes = _per_level(codebook_size, levels)
+    codes = residual_kmeans(embeddings, sizes, iters=iters, seed=seed, init=init).codes
+    index = with_dedup_level(codes, sizes) if dedup else SemanticIndex(codes, sizes)
+    index.item_ids = item_ids
+    index.meta = {"method": "residual_kmeans", "iters": iters, "seed": seed, "init": init}
+    index.validate()
+    return index
+
+
+def load_sid_index(
+    path: str | Path,
+    item_index: Mapping[str, int] | None = None,
+    codebook_sizes: int | Sequence[int] | None = None,
+    on_collision: Literal["error", "dedup"] = "error",
+) -> SemanticIndex:
+    """Load a token-string index such as ``sid-rqvae/<Name>.index.json``.
+
+    The file maps item id -> ``["<a_12>", "<b_201>", ...]``; the letter gives the level (a = 0).
+    ``item_index`` maps original item ids to rows ``0..N-1`` (default: the ids are ``0..N-1``);
+    every item must have an ID and the file must not name unknown items. ``codebook_sizes``
+    defaults to ``max code + 1`` per level. Items sharing a full ID raise a ValueError, or with
+    ``on_collision="dedup"`` get an extra disambiguating level (see :func:`dedup_level`).
+    """
+    path = Path(path)
+    if on_collision not in ("error", "dedup"):
+        raise ValueError(f"on_collision must be 'error' or 'dedup', got {on_collision!r}")
+    with open(path) as f:
+        raw = json.load(f)
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(f"{path}: expected a non-empty object {{item id: [tokens]}}")
+    if item_index is None:
+        item_index = {str(i): i for i in range(len(raw))}
+    if sorted(item_index.values()) != list(range(len(item_index))):
+        raise ValueError("item_index must map item ids onto 0..N-1")
+    unknown = [k for k in raw if k not in item_index]
+    if unknown:
+        raise ValueError(f"{path.name}: {len(unknown)} unknown item ids: {unknown[:_MAX_LISTED]}")
+    missing = sorted(set(item_index) - set(raw), key=item_index.__getitem__)
+    if missing:
+        raise ValueError(
+            f"{path.name}: no Semantic ID for {len(missing)} items: {missing[:_MAX_LISTED]}"
+        )
+    n_levels = len(next(iter(raw.values())))
+    rows: list[list[int]] = [[] for _ in range(len(item_index))]
+    for key, tokens in raw.items():
+        if not isinstance(tokens, list) or len(tokens) != n_levels:
+            raise ValueError(f"{path.name}: item {key!r}: expected {n_levels} tokens: {tokens!r}")
+        row = rows[item_index[key]]
+        for level, token in enumerate(tokens):
+            m = _TOKEN.match(str(token))
+            if m is None or ord(m.group(1)) - ord("a") != level:
+                letter = chr(ord("a") + level)
+                raise ValueError(f"{path.name}: item {key!r}: token {token!r} is not <{letter}_N>")
+            row.append(int(m.group(2)))
+    codes = torch.tensor(rows, dtype=torch.int64)
+    max_codes = (codes.max(dim=0).values + 1).tolist()
+    sizes = max_codes if codebook_sizes is None else _per_level(codebook_sizes, n_levels)
+    if any(s < m for s, m in zip(sizes, max_codes, strict=True)):
+        raise ValueError(f"{path.name}: codebook sizes {sizes} too small for codes {max_codes}")
+    dedup = on_collision == "dedup"
+    index = with_dedup_level(codes, sizes) if dedup else SemanticIndex(codes, sizes)
+    index.item_ids = sorted(item_index, key=item_index.__getitem__)
+    index.meta = {"source": path.name, "on_collision": on_collision}
+    index.validate()
+    return index
+
+
+@dataclass
+class ResidualKMeans:
+    """Output of :func:`residual_kmeans`: codes int64 [n, levels], codebooks[l] [K_l, dim]."""
+
+    codes: torch.Tensor
+    codebooks: list[torch.Tensor]
+
+    def reconstruct(self, levels: int | None = None) -> torch.Tensor:
+        """Sum of the first ``levels`` (default all) assigned centroids: [n, dim]."""
+        levels = len(self.codebooks) if levels is None else levels
+        out = torch.zeros(self.codes.shape[0], self.codebooks[0].shape[1],
+                          device=self.codebooks[0].device)
+        for level in range(levels):
+            out += self.codebooks[level][self.codes[:, level]]
+        return out
+
+
+def _nearest(x: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nearest centroid and squared distance of each row of x: [n, d], [k, d] -> [n], [n]."""
+    c2 = (centroids * centroids).sum(dim=1)
+    chunk = max(1, 2**24 // max(1, centroids.shape[0]))
+    assign, dist = [], []
+    for start in range(0, x.shape[0], chunk):
+        xs = x[start : start + chunk]
+        # [chunk, k] squared distances
+        d2 = (xs * xs).sum(dim=1, keepdim=True) - 2 * xs @ centroids.T + c2
+        best = d2.min(dim=1)
+        assign.append(best.indices)
+        dist.append(best.values.clamp(min=0))
+    return torch.cat(assign), torch.cat(dist)
+
+
+def _init_centroids(x: torch.Tensor, k: int, gen: torch.Generator, init: str) -> torch.Tensor:
+    n = x.shape[0]
+    if init == "random":
+        return x[torch.randperm(n, generator=gen)[:k].to(x.device)].clone()
+    if init != "kmeans++":
+        raise ValueError(f"init must be 'kmeans++' or 'random', got {init!r}")
+    x2 = (x * x).sum(dim=1)
+
+    def dist2(c: torch.Tensor) -> torch.Tensor:  # [d] -> [n] squared distances
+        return (x2 - 2 * (x @ c) + c @ c).clamp(min=0)
+
+    centroids = torch.empty(k, x.shape[1], dtype=x.dtype, device=x.device)
+    centroids[0] = x[int(torch.randint(n, (1,), generator=gen))]
+    d2 = dist2(centroids[0])
+    for j in range(1, k):
+        # sample a point with probability proportional to its squared distance
+        cum = torch.cumsum(d2, dim=0)
+        target = torch.rand(1, generator=gen).to(x.device) * cum[-1]
+        idx = torch.searchsorted(cum, target, right=True).clamp(max=n - 1)
+        centroids[j] = x[idx[0]]
+        d2 = torch.minimum(d2, dist2(centroids[j]))
+    return centroids
+
+
+def kmeans(
+    x: torch.Tensor, k: int, iters: int = 50, seed: int = 0, init: str = "kmeans++"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lloyd's k-means on x [n, d]: returns centroids [k, d] and assignments int64 [n].
+
+    At most ``iters`` iterations (stops early once assignments are stable); empty clusters are
+    re-seeded with the points farthest from their centroid. With ``n <= k`` each point is its
+    own cluster and the unused centroids stay zero.
+    """
+    n = x.shape[0]
+    if n <= k:
+        centroids = torch.zeros(k, x.shape[1], dtype=x.dtype, device=x.device)
+        centroids[:n] = x
+        return centroids, torch.arange(n, device=x.device)
+    gen = torch.Generator().manual_seed(seed)
+    centroids = _init_centroids(x, k, gen, init)
+    assign, d2 = _nearest(x, centroids)
+    for _ in range(iters):
+        counts = torch.bincount(assign, minlength=k)
+        sums = torch.zeros_like(centroids).index_add_(0, assign, x)
+        centroids = sums / counts.clamp(min=1)[:, None].to(x.dtype)
+        empty = (counts == 0).nonzero().flatten()
+        if empty.numel():
+            centroids[empty] = x[d2.topk(empty.numel()).indices]
+        new_assign, d2 = _nearest(x, centroids)
+        if empty.numel() == 0 and torch.equal(new_assign, assign):
+            break
+        assign = new_assign
+    return centroids, assign
+
+
+def residual_kmeans(
+    embeddings: torch.Tensor,
+    codebook_sizes: Sequence[int],
+    iters: int = 50,
+    seed: int = 0,
+    init: Literal["kmeans++", "random"] = "kmeans++",
+) -> ResidualKMeans:
+    """k-means on the embeddings, then on the residuals, once per codebook size."""
+    residual = embeddings.detach().to(torch.float32).clone()
+    codes, books = [], []
+    for level, k in enumerate(codebook_sizes):
+        centroids, assign = kmeans(residual, int(k), iters=iters, seed=seed + level, init=init)
+        residual -= centroids[assign]
+        codes.append(assign)
+        books.append(centroids)
+    return ResidualKMeans(torch.stack(codes, dim=1), books)
