@@ -3,13 +3,12 @@ import json
 import pytest
 import torch
 
+from genrec.catalog.kmeans import kmeans, residual_kmeans
 from genrec.catalog.semantic_ids import (
     SemanticIndex,
     build_semantic_index,
     dedup_level,
-    kmeans,
     load_sid_index,
-    residual_kmeans,
 )
 
 

@@ -8,12 +8,8 @@ from genrec.catalog.embeddings import (
     load_embeddings,
     save_embeddings,
 )
-from genrec.catalog.semantic_ids import (
-    SemanticIndex,
-    build_semantic_index,
-    load_sid_index,
-    residual_kmeans,
-)
+from genrec.catalog.kmeans import residual_kmeans
+from genrec.catalog.semantic_ids import SemanticIndex, build_semantic_index, load_sid_index
 from genrec.catalog.trie import (
     SemanticTrie,
     allowed_codes,
