@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# Unit tests run tiny tensors: one thread avoids OpenMP spin contention on small CPUs.
+torch.set_num_threads(1)
+
 
 def make_hf_checkpoint(path: Path, arch: str = "qwen3", tie: bool = False, vocab: int = 128,
                        seed: int = 0) -> Path:

@@ -9,6 +9,7 @@ The prefix keys and values are stored once per request and never copied per bran
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from genrec.model.layout import AttentionLayout
 
@@ -130,17 +131,25 @@ def _grid(x: torch.Tensor, rows: torch.Tensor, n_rows: int, identity: bool) -> t
 def _attend_grid(
     q: torch.Tensor, rows: torch.Tensor, groups: int, width: int, identity: bool,
     k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool, scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    need_lse: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Queries q [N, H, D] laid out as ``groups`` padded rows of ``width`` against k/v
-    [groups, Hkv, Lk, D]; returns per-query output [N, H, D] and log-sum-exp [N, H]."""
+    [groups, Hkv, Lk, D]; returns per-query output [N, H, D] and log-sum-exp [N, H]
+    (None unless ``need_lse``)."""
     n, heads, dim = q.shape
     grid = _grid(q, rows, groups * width, identity).view(groups, width, heads, dim)
-    out, lse = attend(grid.transpose(1, 2), k, v, mask, causal, scale)
+    if need_lse:
+        out, lse = attend(grid.transpose(1, 2), k, v, mask, causal, scale)
+        lse = lse.transpose(1, 2).reshape(groups * width, heads)
+    else:  # fused kernel with a backward on every device
+        out, lse = F.scaled_dot_product_attention(
+            grid.transpose(1, 2), k, v, attn_mask=mask, is_causal=causal and mask is None,
+            scale=scale, enable_gqa=True,
+        ), None
     out = out.transpose(1, 2).reshape(groups * width, heads, dim)
-    lse = lse.transpose(1, 2).reshape(groups * width, heads)
     if identity:
         return out, lse
-    return out[rows], lse[rows]
+    return out[rows], (lse[rows] if lse is not None else None)
 
 
 def prefix_branch_attention(
@@ -159,7 +168,7 @@ def prefix_branch_attention(
         qp = _take(q, layout.prefix_tokens, 0 if single else None)
         mask = layout.additive_mask("prefix_mask", q.dtype)
         o_p, _ = _attend_grid(qp, layout.prefix_rows, n_req, layout.prefix_width, single,
-                              pk, pv, mask, layout.prefix_causal, scale)
+                              pk, pv, mask, layout.prefix_causal, scale, need_lse=False)
         parts.append(o_p)
 
     if layout.branch_tokens.numel():

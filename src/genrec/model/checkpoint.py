@@ -85,7 +85,9 @@ def load_model(
     raw = json.loads(config_file.read_text())
     declared = parse_dtype(raw.get("dtype") or raw.get("torch_dtype"))
     config = ModelConfig.from_hf_dict(raw)
-    files = sorted(p for p in path.glob("*.safetensors") if p.name != EXTRA_FILE)
+    # Weights are model.safetensors or its shards (model-00001-of-00002.safetensors, ...);
+    # other safetensors files beside them (user vectors, item stores) are not weights.
+    files = sorted(path.glob("model*.safetensors"))
     if not files:
         raise CheckpointError(f"{path}: no *.safetensors weights")
     target_dtype = parse_dtype(dtype) or declared or torch.float32

@@ -1,0 +1,1 @@
+"""Command-line commands, registered in :mod:`genrec.cli`."""

@@ -1,0 +1,60 @@
+"""Ranking metrics for one held-out target per user: Recall@K and NDCG@K, vectorised.
+
+A user's result is the rank of its target in the recommended list (0 = first), or ``-1`` when
+the target is not in the list. With one relevant item, Recall@K is the hit rate and NDCG@K is
+``1 / log2(rank + 2)`` when ``rank < K`` (the ideal DCG is 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+MISS = -1
+
+
+def target_ranks(recommended: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Rank of each target in its row of recommended items, or -1 when absent.
+
+    recommended: int64 [U, n] best first (-1 pads rows with fewer items); targets: [U] -> [U].
+    """
+    if recommended.dim() != 2 or targets.dim() != 1 or recommended.shape[0] != targets.shape[0]:
+        raise ValueError(f"recommended must be [U, n] and targets [U], got "
+                         f"{tuple(recommended.shape)} and {tuple(targets.shape)}")
+    hit = (recommended == targets[:, None]) & (targets[:, None] >= 0)  # [U, n]
+    found = hit.any(dim=1)
+    first = hit.to(torch.int64).argmax(dim=1)
+    return torch.where(found, first, torch.full_like(first, MISS))
+
+
+def recall_at_k(ranks: torch.Tensor, k: int) -> float:
+    """Share of users whose target ranks within the top ``k``."""
+    _check_k(k)
+    if ranks.numel() == 0:
+        return 0.0
+    return float(((ranks >= 0) & (ranks < k)).double().mean())
+
+
+def ndcg_at_k(ranks: torch.Tensor, k: int) -> float:
+    """Mean NDCG@k with one relevant item per user: ``1 / log2(rank + 2)`` inside the top k."""
+    _check_k(k)
+    if ranks.numel() == 0:
+        return 0.0
+    r = ranks.double()
+    gain = torch.where((ranks >= 0) & (ranks < k), 1.0 / torch.log2(r.clamp(min=0) + 2.0), 0.0)
+    return float(gain.mean())
+
+
+def ranking_metrics(ranks: torch.Tensor, ks: Sequence[int] = (5, 10)) -> dict[str, float]:
+    """``{"recall@k": ..., "ndcg@k": ...}`` for every k in ``ks``, in that order."""
+    out: dict[str, float] = {}
+    for k in ks:
+        out[f"recall@{k}"] = recall_at_k(ranks, k)
+        out[f"ndcg@{k}"] = ndcg_at_k(ranks, k)
+    return out
+
+
+def _check_k(k: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")

@@ -1,0 +1,10 @@
+"""Training: generative-retrieval data and loss, user vectors, and a generic training loop."""
+
+from genrec.training.generative import GenerativeTask, batch_loss, make_windows, training_sequences
+from genrec.training.loop import FitResult, LoopConfig, fit
+from genrec.training.user_vectors import compute_user_vectors, svd_user_vectors
+
+__all__ = [
+    "FitResult", "GenerativeTask", "LoopConfig", "batch_loss", "compute_user_vectors", "fit",
+    "make_windows", "svd_user_vectors", "training_sequences",
+]

@@ -1,0 +1,263 @@
+"""Generative-retrieval training data and loss: windows of users' training sequences.
+
+Each user's training part (leave-one-out: all but the last two items) is cut into windows of
+up to ``max_history + 1`` items, consecutive windows sharing one item, the last window ending at
+the user's last training item. A window is one causal sequence ``SidVocab.prompt(window)``
+(``bos [soft] sid(i_1) ... sid(i_n)``, the same function serving uses) and every Semantic-ID
+token of items ``i_2 .. i_n`` is a target (teacher forcing), so a forward gives many targets
+and every training item but a user's first is a target exactly once. Windows are packed into
+one forward per step (``build_layout(lengths, [], [])``: independent causal sequences).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from genrec.data.split import Example
+from genrec.engine import Engine, EngineConfig
+from genrec.engine.inputs import PackedInputs, build_input_embeds
+from genrec.generative.vocab import SOFT_ID, SidVocab
+from genrec.model.config import ModelConfig
+from genrec.model.decoder import DecoderLM
+from genrec.model.layout import build_layout
+from genrec.model.registry import build_model
+
+IGNORE = -100
+
+
+def training_sequences(
+    sequences: Sequence[Sequence[int]], min_interactions: int = 3
+) -> list[list[int]]:
+    """Each user's training part: all but the last two items (the validation and test targets);
+    users with fewer than ``min_interactions`` items are never evaluated and keep all of them
+    (as :func:`genrec.data.leave_one_out` does)."""
+    return [list(s) if len(s) < min_interactions else list(s[:-2]) for s in sequences]
+
+
+def make_windows(items: Sequence[int], max_history: int) -> list[list[int]]:
+    """Windows of up to ``max_history + 1`` items, oldest first; consecutive windows overlap by
+    one item and the last one ends at ``items[-1]``. Windows of one item (no target) are dropped."""
+    if max_history < 1:
+        raise ValueError(f"max_history must be >= 1, got {max_history}")
+    windows, end = [], len(items)
+    while end >= 2:
+        start = max(0, end - max_history - 1)
+        windows.append(list(items[start:end]))
+        end = start + 1
+    return windows[::-1]
+
+
+def window_tokens(vocab: SidVocab, items: Sequence[int], soft_token: bool) -> tuple[list, list]:
+    """Token ids of a window's prompt and its labels (next-token targets, -100 = no loss)."""
+    ids = dataclasses.replace(vocab, max_history=0).prompt(items, soft_token=soft_token)
+    first_target = (2 if soft_token else 1) + vocab.num_levels  # first token of item 2
+    labels = [IGNORE] * len(ids)
+    labels[first_target - 1 : -1] = ids[first_target:]
+    return ids, labels
+
+
+@dataclass
+class TrainBatch:
+    """Packed windows: ``token_ids``/``labels`` [T], one length per window, soft-token rows [S]
+    and their user vectors [S, user_dim] (None without soft tokens)."""
+
+    token_ids: torch.Tensor
+    labels: torch.Tensor
+    lengths: list[int]
+    soft_rows: torch.Tensor
+    user_vectors: torch.Tensor | None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.numel())
+
+
+def batch_loss(model: DecoderLM, batch: TrainBatch) -> torch.Tensor:
+    """Mean cross-entropy (full vocabulary, as the engine scores) over the batch's targets."""
+    device = model.device
+    inputs = PackedInputs(
+        token_ids=batch.token_ids, raw_rows=torch.zeros(0, dtype=torch.long), raw_embeds=None,
+        soft_rows=batch.soft_rows, user_vectors=batch.user_vectors,
+    )
+    # the soft token enters exactly as at serving: projector(user vector) at the SOFT_ID rows
+    embeds = build_input_embeds(model.model.embed_tokens, inputs, None, model.user_projector)
+    layout = build_layout(batch.lengths, [], []).to(device)
+    hidden = model(embeds, layout.positions, layout)  # [T, hidden]
+    labels = batch.labels.to(device)
+    rows = labels != IGNORE
+    return F.cross_entropy(model.logits(hidden[rows]), labels[rows])
+
+
+def token_batches(
+    lengths: Sequence[int], batch_tokens: int, seed: int, epoch: int, pool: int = 32,
+) -> list[list[int]]:
+    """Seeded batches of window indices, each up to ``batch_tokens`` tokens (a longer window is
+    a batch of its own). Same (seed, epoch) -> same batches.
+
+    Windows are shuffled, then grouped by length inside pools of about ``pool`` batches (the
+    attention pads every sequence of a batch to the longest one), and the batches shuffled.
+    """
+    if batch_tokens < 1:
+        raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
+    gen = torch.Generator().manual_seed(seed * 100_003 + epoch)
+    order = torch.randperm(len(lengths), generator=gen).tolist()
+    batches: list[list[int]] = []
+    start = 0
+    while start < len(order):
+        end, used = start, 0
+        while end < len(order) and used < pool * batch_tokens:
+            used, end = used + lengths[order[end]], end + 1
+        group = sorted(order[start:end], key=lengths.__getitem__)
+        start = end
+        current: list[int] = []
+        used = 0
+        for i in group:
+            if current and used + lengths[i] > batch_tokens:
+                batches.append(current)
+                current, used = [], 0
+            current.append(i)
+            used += lengths[i]
+        batches.append(current)
+    return [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
+
+
+class GenerativeTask:
+    """The :class:`genrec.training.loop.TrainTask` of generative retrieval.
+
+    ``train_sequences`` are per-user training parts (see :func:`training_sequences`);
+    ``user_vectors`` [num_users, user_dim] switches the soft token on; ``val_examples`` (history =
+    training items, target = validation item) drive per-epoch Recall/NDCG via ``Engine``.
+    """
+
+    def __init__(
+        self, vocab: SidVocab, train_sequences: Sequence[Sequence[int]],
+        user_vectors: torch.Tensor | None = None, batch_tokens: int = 4096, seed: int = 0,
+        val_examples: Sequence[Example] | None = None, beam_width: int = 20,
+        val_batch_size: int = 128, user_ids: Sequence[str] | None = None,
+        user_vector_source: str = "", progress: bool = True,
+    ) -> None:
+        self.vocab, self.user_vectors = vocab, user_vectors
+        self.batch_tokens, self.seed = batch_tokens, seed
+        self.val_examples = list(val_examples or [])
+        self.beam_width, self.val_batch_size, self.progress = beam_width, val_batch_size, progress
+        self.user_ids, self.user_vector_source = user_ids, user_vector_source
+        soft = user_vectors is not None
+        self.users: list[int] = []
+        self.ids: list[torch.Tensor] = []
+        self.labels: list[torch.Tensor] = []
+        for user, seq in enumerate(train_sequences):
+            vocab.check_items(list(seq), f"train_sequences[{user}]")
+            for window in make_windows(seq, vocab.max_history):
+                ids, labels = window_tokens(vocab, window, soft)
+                self.users.append(user)
+                self.ids.append(torch.tensor(ids))
+                self.labels.append(torch.tensor(labels))
+        if not self.ids:
+            raise ValueError("train_sequences: no user has two or more training items")
+        self.lengths = [t.numel() for t in self.ids]
+        self.num_targets = sum(int((t != IGNORE).sum()) for t in self.labels)
+        self._plan: tuple[int, list[list[int]]] | None = None
+        self._engine: Engine | None = None
+
+    def _batches_of(self, epoch: int) -> list[list[int]]:
+        if self._plan is None or self._plan[0] != epoch:
+            self._plan = (epoch, token_batches(self.lengths, self.batch_tokens, self.seed, epoch))
+        return self._plan[1]
+
+    def num_batches(self, epoch: int) -> int:
+        """Optimizer steps of ``epoch``."""
+        return len(self._batches_of(epoch))
+
+    def batches(self, epoch: int) -> Iterator[TrainBatch]:
+        """The packed batches of ``epoch`` (deterministic in seed and epoch)."""
+        for idx in self._batches_of(epoch):
+            ids = torch.cat([self.ids[i] for i in idx])
+            soft_rows = torch.nonzero(ids == SOFT_ID)[:, 0] if self.user_vectors is not None \
+                else torch.zeros(0, dtype=torch.long)
+            vectors = None
+            if self.user_vectors is not None:
+                vectors = self.user_vectors[torch.tensor([self.users[i] for i in idx])]
+            yield TrainBatch(ids, torch.cat([self.labels[i] for i in idx]),
+                             [self.lengths[i] for i in idx], soft_rows, vectors)
+
+    def loss(self, model: DecoderLM, batch: TrainBatch) -> tuple[torch.Tensor, int]:
+        """(mean loss, tokens processed)."""
+        return batch_loss(model, batch), batch.num_tokens
+
+    def validate(self, model: DecoderLM) -> dict[str, float] | None:
+        """Recall/NDCG@5/10 on the validation examples; None when there are none."""
+        from genrec.evaluation.generative import evaluate_generative
+
+        if not self.val_examples:
+            return None
+        if self._engine is None or self._engine.model is not model:
+            self._engine = Engine(model, config=EngineConfig(soft_token_id=SOFT_ID),
+                                  vocab=self.vocab)
+        return evaluate_generative(
+            self._engine, self.val_examples, self.user_vectors, beam_width=self.beam_width,
+            batch_size=self.val_batch_size, progress=self.progress,
+        )
+
+    def save_extra(self, directory: Path) -> None:
+        """The SidVocab (and the user vectors, when used) beside the model weights."""
+        from genrec.training.user_vectors import save_user_vectors
+
+        self.vocab.save(directory)
+        if self.user_vectors is not None:
+            users = self.user_ids or [str(u) for u in range(self.user_vectors.shape[0])]
+            save_user_vectors(directory, self.user_vectors, self.user_vector_source, users)
+
+
+def scratch_config(
+    vocab: SidVocab, hidden: int = 128, layers: int = 4, heads: int = 4, kv_heads: int = 2,
+    head_dim: int = 32, intermediate: int | None = None, user_dim: int = 0,
+) -> ModelConfig:
+    """A Qwen3-architecture config over exactly the SID vocabulary, with tied embeddings and
+    enough positions for a full prompt plus one generated item."""
+    longest = 2 + (vocab.max_history + 1) * vocab.num_levels
+    return ModelConfig(
+        architecture="Qwen3ForCausalLM", vocab_size=vocab.vocab_size, hidden_size=hidden,
+        intermediate_size=intermediate or 3 * hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+        max_position_embeddings=-(-longest // 64) * 64, rope_theta=10000.0,
+        tie_word_embeddings=True, user_dim=user_dim,
+    )
+
+
+def init_weights(model: nn.Module, std: float = 0.02) -> None:
+    """Normal(0, std) linear and embedding weights, zero biases (as HF initialises)."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+
+def adapt_pretrained(model: DecoderLM, vocab_size: int, user_dim: int = 0) -> DecoderLM:
+    """A pretrained decoder resized to the SID vocabulary, in fp32.
+
+    The SID layout reuses token ids ``0 .. vocab_size-1`` (special tokens first, then the SID
+    tokens right after them): the embedding and LM-head rows of those ids are kept (their text
+    meaning is simply repurposed), the rest are dropped; when the checkpoint has fewer rows, new
+    rows start at the mean embedding. With ``user_dim`` a fresh soft-token projector is added.
+    """
+    cfg = dataclasses.replace(model.config, vocab_size=vocab_size, user_dim=user_dim)
+    new = build_model(cfg)
+    init_weights(new)
+    state = {k: v.float() for k, v in model.state_dict().items()}
+    target = new.state_dict()
+    for key in ("model.embed_tokens.weight", "lm_head.weight"):
+        old, rows = state[key], min(vocab_size, state[key].shape[0])
+        grown = old.mean(dim=0, keepdim=True).expand(vocab_size - rows, -1)
+        state[key] = torch.cat([old[:rows], grown])
+    # a checkpoint's own projector is kept only when its user_dim matches
+    state = {k: v for k, v in state.items() if k in target and v.shape == target[k].shape}
+    new.load_state_dict({**target, **state})
+    return new

@@ -1,0 +1,261 @@
+"""A generic training loop: AdamW, warmup + cosine LR, gradient clipping, per-epoch validation,
+early stopping, and atomic checkpoints that a run resumes from.
+
+Output folder layout::
+
+    out/last/   model (config.json, *.safetensors), the task's extras, train_state.pt
+    out/best/   the same for the epoch with the best validation metric so far
+    out/history.json   one entry per finished epoch
+
+A checkpoint folder is written in full under a hidden temporary name, then swapped in with
+renames, so ``last/`` and ``best/`` always hold one complete epoch. ``train_state.pt`` holds the
+optimizer, scheduler, epoch, step, best metric, early-stopping counter, history and RNG states.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from genrec.model.checkpoint import load_model, save_model
+from genrec.utils.atomic import atomic_write, atomic_write_json
+
+LAST, BEST = "last", "best"
+STATE_FILE = "train_state.pt"
+HISTORY_FILE = "history.json"
+
+
+class TrainTask(Protocol):
+    """What the loop needs from a task; batches must be deterministic in (seed, epoch)."""
+
+    def num_batches(self, epoch: int) -> int: ...
+
+    def batches(self, epoch: int) -> Iterable[Any]: ...
+
+    def loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, int]: ...
+
+    def validate(self, model: nn.Module) -> dict[str, float] | None: ...
+
+    def save_extra(self, directory: Path) -> None: ...
+
+
+@dataclass
+class LoopConfig:
+    """Optimisation and early-stopping settings (``patience`` 0: never stop early)."""
+
+    epochs: int = 20
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.05
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    patience: int = 5
+    monitor: str = "ndcg@10"
+    seed: int = 0
+    progress: bool = True
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field."""
+        checks = {
+            "epochs": self.epochs >= 1, "lr": self.lr > 0, "weight_decay": self.weight_decay >= 0,
+            "warmup_ratio": 0 <= self.warmup_ratio < 1, "min_lr_ratio": 0 <= self.min_lr_ratio <= 1,
+            "grad_clip": self.grad_clip >= 0, "patience": self.patience >= 0,
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"{name}: invalid value {getattr(self, name)!r}")
+
+
+@dataclass
+class FitResult:
+    """Outcome of :func:`fit`: epochs finished so far, the best epoch (1-based) and metric."""
+
+    epochs_done: int
+    best_epoch: int | None
+    best_metric: float | None
+    stopped_early: bool
+    history: list[dict] = field(default_factory=list)
+
+
+def warmup_cosine(step: int, total: int, warmup: int, min_ratio: float) -> float:
+    """LR multiplier: linear warmup over ``warmup`` steps, then cosine down to ``min_ratio``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _optimizer(model: nn.Module, cfg: LoopConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr)
+
+
+def _swap_in(src: Path, dst: Path) -> None:
+    old = dst.with_name(f".{dst.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if dst.exists():
+        os.replace(dst, old)
+    os.replace(src, dst)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _recover(out: Path) -> None:
+    """Finish a swap a crash interrupted; drop half-written temporary folders."""
+    for name in (LAST, BEST):
+        old, dst = out / f".{name}.old", out / name
+        if old.exists() and not dst.exists():
+            os.replace(old, dst)
+        shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(out / f".{name}.tmp", ignore_errors=True)
+
+
+def _write_checkpoint(model: nn.Module, task: TrainTask, out: Path, payload: dict) -> None:
+    tmp = out / f".{LAST}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_model(model, tmp)
+    task.save_extra(tmp)
+    atomic_write(tmp / STATE_FILE, lambda t: torch.save(payload, t))
+    _swap_in(tmp, out / LAST)
+
+
+def _publish_best(out: Path) -> None:
+    tmp = out / f".{BEST}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(out / LAST, tmp)
+    _swap_in(tmp, out / BEST)
+
+
+def _rng_state() -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _run_epoch(
+    model: nn.Module, task: TrainTask, epoch: int, cfg: LoopConfig,
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> dict:
+    model.train()
+    total_loss = torch.zeros((), device=next(model.parameters()).device)
+    steps = tokens = 0
+    start = time.perf_counter()
+    bar = tqdm(total=task.num_batches(epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}",
+               unit="step", disable=not cfg.progress, leave=False)
+    for batch in task.batches(epoch):
+        loss, n_tokens = task.loss(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        total_loss += loss.detach()
+        steps, tokens = steps + 1, tokens + n_tokens
+        if steps % 10 == 0 or steps == bar.total:
+            mean = float(total_loss) / steps
+            if not math.isfinite(mean):
+                raise FloatingPointError(f"epoch {epoch + 1}: training loss is {mean}")
+            elapsed = time.perf_counter() - start
+            bar.set_postfix(loss=f"{mean:.4f}", tok_s=f"{tokens / elapsed:.0f}")
+        bar.update(1)
+    bar.close()
+    seconds = time.perf_counter() - start
+    return {"train_loss": float(total_loss) / max(1, steps), "steps": steps, "tokens": tokens,
+            "train_seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9),
+            "lr": scheduler.get_last_lr()[0]}
+
+
+def fit(
+    model: nn.Module, task: TrainTask, out_dir: str | Path, config: LoopConfig | None = None,
+    resume: bool = False,
+) -> FitResult:
+    """Train ``model`` on ``task`` for ``config.epochs`` epochs, checkpointing every epoch.
+
+    With ``resume`` an existing ``out_dir/last`` checkpoint is loaded (weights, optimizer,
+    scheduler, RNG, early-stopping state) and training continues after its epoch; without it an
+    existing checkpoint is an error, so a run is never overwritten by accident.
+    """
+    cfg = config or LoopConfig()
+    cfg.validate()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _recover(out)
+    state_file = out / LAST / STATE_FILE
+    if state_file.is_file() and not resume:
+        raise FileExistsError(f"{out}: already holds a checkpoint; pass resume (--resume) or "
+                              "choose another output folder")
+    total = sum(task.num_batches(e) for e in range(cfg.epochs))
+    warmup = int(cfg.warmup_ratio * total)
+    optimizer = _optimizer(model, cfg)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: warmup_cosine(s, total, warmup, cfg.min_lr_ratio)
+    )
+    state: dict[str, Any] = {"epoch": 0, "best_metric": None, "best_epoch": None,
+                             "bad_epochs": 0, "stopped": False, "history": []}
+    if resume and state_file.is_file():
+        saved = torch.load(state_file, map_location="cpu", weights_only=True)
+        model.load_state_dict(load_model(out / LAST).state_dict())
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        _set_rng_state(saved["rng"])
+        state = {k: saved[k] for k in state}
+    else:
+        torch.manual_seed(cfg.seed)
+
+    for epoch in range(state["epoch"], cfg.epochs):
+        if state["stopped"]:
+            break
+        stats = _run_epoch(model, task, epoch, cfg, optimizer, scheduler)
+        start = time.perf_counter()
+        metrics = task.validate(model)
+        model.train()
+        entry = {"epoch": epoch + 1, **stats, "val_seconds": time.perf_counter() - start}
+        improved = True
+        if metrics is not None:
+            if cfg.monitor not in metrics:
+                raise KeyError(f"monitor: validation returned no {cfg.monitor!r} "
+                               f"(has {sorted(metrics)})")
+            entry.update({f"val_{k}": v for k, v in metrics.items()})
+            value = float(metrics[cfg.monitor])
+            improved = state["best_metric"] is None or value > state["best_metric"]
+            if improved:
+                state["best_metric"] = value
+        state["bad_epochs"] = 0 if improved else state["bad_epochs"] + 1
+        if improved:
+            state["best_epoch"] = epoch + 1
+        state["stopped"] = cfg.patience > 0 and state["bad_epochs"] >= cfg.patience
+        state["epoch"] = epoch + 1
+        state["history"].append(entry)
+        payload = {**state, "optimizer": optimizer.state_dict(),
+                   "scheduler": scheduler.state_dict(), "rng": _rng_state()}
+        _write_checkpoint(model, task, out, payload)
+        if improved:
+            _publish_best(out)
+        atomic_write_json(out / HISTORY_FILE, state["history"])
+        if cfg.progress:
+            shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in entry.items()}
+            tqdm.write(str(shown))
+    return FitResult(state["epoch"], state["best_epoch"], state["best_metric"], state["stopped"],
+                     state["history"])

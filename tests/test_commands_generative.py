@@ -1,0 +1,104 @@
+"""The index / train generative / eval commands end to end on generated JSON data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from genrec.commands.generative import eval_command, index_command, train_app
+
+N_ITEMS, N_USERS = 40, 30
+app = typer.Typer()
+app.add_typer(train_app, name="train")
+app.command("eval")(eval_command)
+app.command("index")(index_command)
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def write_dataset(folder: Path) -> Path:
+    """Toy.inter.json (users walk their cluster), Toy.item.json, sid-rqvae with collisions."""
+    g = np.random.default_rng(0)
+    inter = {}
+    for u in range(N_USERS):
+        c, start = u % 4, int(g.integers(10))
+        inter[str(u)] = [c * 10 + (start + j) % 10 for j in range(int(g.integers(4, 9)))]
+    items = {str(i): {"title": f"item {i}", "categories": [f"c{i // 10}"]} for i in range(N_ITEMS)}
+    codes = {str(i): [f"<a_{i // 10}>", f"<b_{i % 5}>", f"<c_{(i // 5) % 2}>"]
+             for i in range(N_ITEMS)}  # unique 3-level IDs ...
+    codes["1"] = codes["0"]  # ... but for one collision, which the index must resolve
+    folder.mkdir(parents=True)
+    (folder / "sid-rqvae").mkdir()
+    (folder / "Toy.inter.json").write_text(json.dumps(inter))
+    (folder / "Toy.item.json").write_text(json.dumps(items))
+    (folder / "sid-rqvae" / "Toy.index.json").write_text(json.dumps(codes))
+    return folder
+
+
+def invoke(*args: str) -> str:
+    result = runner.invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result.output
+
+
+def test_index_train_eval_end_to_end(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "toy")
+    out = invoke("index", "--data", data, "--out", tmp_path / "index.json")
+    assert "items 40  levels 4" in out and "collisions resolved: 2 items in 1 groups" in out
+    tiny = ["--hidden", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1",
+            "--head-dim", "8", "--batch-tokens", "200", "--max-history", "5",
+            "--val-users", "10", "--beam-width", "10", "--no-progress", "--device", "cpu"]
+    run = tmp_path / "run"
+    out = invoke("train", "generative", "--data", data, "--index", tmp_path / "index.json",
+                 "--out", run, "--epochs", "2", "--user-vectors", "svd", "--user-dim", "4",
+                 *tiny)
+    assert "best epoch" in out
+    assert (run / "best" / "user_vectors.npy").is_file()
+    assert json.loads((run / "train_args.json").read_text())["user_vectors"] == "svd"
+    out = invoke("eval", "--model", run, "--data", data, "--json", tmp_path / "m.json",
+                 "--beam-width", "10", "--users", "8", "--no-progress", "--device", "cpu")
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert {"recall@5", "ndcg@5", "recall@10", "ndcg@10", "n_users", "beam_width",
+            "wall_seconds"} <= set(metrics)
+    assert metrics["n_users"] == 8 and "ndcg@10" in out
+    out = invoke("train", "generative", "--data", data, "--index", tmp_path / "index.json",
+                 "--out", run, "--epochs", "3", "--resume", *tiny)
+    assert json.loads((run / "history.json").read_text())[-1]["epoch"] == 3
+
+
+def test_index_from_embeddings_and_tables(tmp_path: Path) -> None:
+    inter = tmp_path / "inter.csv"
+    rows = [f"u{u},i{(u * 3 + t) % 12},{t}" for u in range(8) for t in range(5)]
+    inter.write_text("user_id,item_id,timestamp\n" + "\n".join(rows) + "\n")
+    np.save(tmp_path / "emb.npy", np.random.default_rng(0).normal(size=(12, 6)).astype("f4"))
+    out = invoke("index", "--interactions", inter, "--embeddings", tmp_path / "emb.npy",
+                 "--levels", "2", "--codebook-size", "3", "--out", tmp_path / "idx.json")
+    assert "items 12  levels 3" in out
+    index = json.loads((tmp_path / "idx.json").read_text())
+    assert index["item_ids"][:3] == ["i0", "i1", "i10"]
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_bad_input_names_the_option(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "toy")
+    result = runner.invoke(app, ["index", "--out", str(tmp_path / "x.json")])
+    assert result.exit_code != 0 and "--data" in result.output
+    np.save(tmp_path / "emb.npy", np.zeros((3, 2), dtype="f4"))
+    result = runner.invoke(app, ["index", "--data", str(data), "--embeddings",
+                                 str(tmp_path / "emb.npy"), "--out", str(tmp_path / "x.json")])
+    assert result.exit_code == 1 and "embeddings: 3 rows" in result.output
+    result = runner.invoke(app, ["eval", "--model", str(tmp_path), "--data", str(data)])
+    assert result.exit_code == 1 and "config.json" in result.output

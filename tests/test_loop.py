@@ -1,0 +1,134 @@
+"""The generic training loop: checkpoints, resume, early stopping, LR schedule."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from genrec.catalog.semantic_ids import with_dedup_level
+from genrec.generative.vocab import SidVocab
+from genrec.model import build_model
+from genrec.model.checkpoint import load_model
+from genrec.training.generative import GenerativeTask, init_weights, scratch_config
+from genrec.training.loop import BEST, LAST, STATE_FILE, LoopConfig, fit, warmup_cosine
+
+N_ITEMS = 30
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class ScriptedTask(GenerativeTask):
+    """Generative data with validation metrics read from a script (one value per epoch)."""
+
+    def __init__(self, script: list[float | None] | None = None, user_vectors=None) -> None:
+        g = torch.Generator().manual_seed(0)
+        vocab = SidVocab(with_dedup_level(torch.randint(0, 6, (N_ITEMS, 2), generator=g),
+                                          [6, 6]), max_history=4)
+        seqs = [torch.randint(0, N_ITEMS, (6,), generator=g).tolist() for _ in range(16)]
+        super().__init__(vocab, seqs, user_vectors, batch_tokens=120, progress=False)
+        self.script, self.calls = script, 0
+
+    def validate(self, model):
+        if self.script is None:
+            return None
+        self.calls += 1
+        value = self.script[self.calls - 1]
+        if value is None:
+            raise KeyboardInterrupt  # a run killed before this epoch's checkpoint
+        return {"ndcg@10": value}
+
+
+def model_for(task: GenerativeTask, seed: int = 0, user_dim: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = build_model(scratch_config(task.vocab, hidden=16, layers=1, heads=2, kv_heads=1,
+                                       head_dim=8, user_dim=user_dim))
+    init_weights(model)
+    return model
+
+
+def config(epochs: int, patience: int = 0) -> LoopConfig:
+    return LoopConfig(epochs=epochs, lr=1e-2, patience=patience, progress=False)
+
+
+def test_checkpoints_are_complete_and_no_temporary_files_remain(tmp_path: Path) -> None:
+    task = ScriptedTask([0.1, 0.3])
+    result = fit(model_for(task), task, tmp_path, config(2))
+    assert result.epochs_done == 2 and result.best_epoch == 2
+    for name in (LAST, BEST):
+        files = {p.name for p in (tmp_path / name).iterdir()}
+        assert {"config.json", "model.safetensors", STATE_FILE, "sid_vocab.json",
+                "semantic_index.json"} <= files
+    leftovers = [p for p in tmp_path.rglob("*") if ".tmp" in p.name or ".old" in p.name]
+    assert leftovers == []
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert [h["epoch"] for h in history] == [1, 2] and history[1]["val_ndcg@10"] == 0.3
+    assert SidVocab.exists(tmp_path / BEST)
+    assert load_model(tmp_path / LAST).config.vocab_size == task.vocab.vocab_size
+
+
+def test_resume_continues_with_identical_state(tmp_path: Path) -> None:
+    vectors = torch.randn(16, 3, generator=torch.Generator().manual_seed(2))
+    straight_task = ScriptedTask([0.1, 0.2, 0.3], vectors)
+    straight = model_for(straight_task, user_dim=3)
+    fit(straight, straight_task, tmp_path / "a", config(3))
+
+    first_task = ScriptedTask([0.1, None], vectors)
+    with pytest.raises(KeyboardInterrupt):
+        fit(model_for(first_task, user_dim=3), first_task, tmp_path / "b", config(3))
+    assert torch.load(tmp_path / "b" / LAST / STATE_FILE, weights_only=True)["epoch"] == 1
+    with pytest.raises(FileExistsError, match="resume"):
+        fit(model_for(first_task, user_dim=3), first_task, tmp_path / "b", config(3))
+    resumed_task = ScriptedTask([0.2, 0.3], vectors)
+    fresh = model_for(resumed_task, seed=5, user_dim=3)  # other weights: all come from last/
+    result = fit(fresh, resumed_task, tmp_path / "b", config(3), resume=True)
+    assert result.epochs_done == 3 and resumed_task.calls == 2
+    for (name, p), q in zip(straight.state_dict().items(), fresh.state_dict().values(),
+                            strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
+    a = torch.load(tmp_path / "a" / LAST / STATE_FILE, weights_only=True)
+    b = torch.load(tmp_path / "b" / LAST / STATE_FILE, weights_only=True)
+    assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"]
+    torch.testing.assert_close(a["optimizer"]["state"], b["optimizer"]["state"], rtol=0, atol=0)
+    assert [h["train_loss"] for h in a["history"]] == [h["train_loss"] for h in b["history"]]
+
+
+def test_early_stopping_keeps_the_best_epoch(tmp_path: Path) -> None:
+    task = ScriptedTask([0.5, 0.4, 0.45, 0.3, 0.9])
+    result = fit(model_for(task), task, tmp_path, config(5, patience=2))
+    assert result.stopped_early and result.epochs_done == 3 and task.calls == 3
+    assert result.best_epoch == 1 and result.best_metric == 0.5
+    best = torch.load(tmp_path / BEST / STATE_FILE, weights_only=True)
+    assert best["epoch"] == 1
+    again = ScriptedTask([0.9])
+    assert fit(model_for(again), again, tmp_path, config(5, 2), resume=True).epochs_done == 3
+    assert again.calls == 0  # a stopped run stays stopped
+
+
+def test_an_interrupted_swap_is_recovered(tmp_path: Path) -> None:
+    task = ScriptedTask(None)
+    fit(model_for(task), task, tmp_path, config(1))
+    os.replace(tmp_path / LAST, tmp_path / f".{LAST}.old")  # crash between the two renames
+    (tmp_path / f".{LAST}.tmp").mkdir()
+    result = fit(model_for(task), task, tmp_path, config(2), resume=True)
+    assert result.epochs_done == 2 and result.best_epoch == 2  # no validation: best = last
+    assert not (tmp_path / f".{LAST}.old").exists()
+
+
+def test_schedule_and_config_checks() -> None:
+    assert warmup_cosine(0, 100, 10, 0.1) == pytest.approx(0.1)
+    assert warmup_cosine(9, 100, 10, 0.1) == pytest.approx(1.0)
+    assert warmup_cosine(10, 100, 10, 0.1) == pytest.approx(1.0)
+    assert warmup_cosine(100, 100, 10, 0.1) == pytest.approx(0.1)
+    assert warmup_cosine(55, 100, 10, 0.0) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="warmup_ratio"):
+        LoopConfig(warmup_ratio=1.5).validate()

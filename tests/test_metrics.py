@@ -1,0 +1,43 @@
+"""Recall@K / NDCG@K against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from genrec.evaluation.metrics import ndcg_at_k, ranking_metrics, recall_at_k, target_ranks
+
+
+def test_target_ranks_finds_first_position_or_miss() -> None:
+    top = torch.tensor([[5, 3, 9], [1, 2, 4], [7, -1, -1], [8, 8, 2]])
+    targets = torch.tensor([9, 6, 7, 8])
+    assert target_ranks(top, targets).tolist() == [2, -1, 0, 0]
+
+
+def test_padding_never_matches_a_negative_target() -> None:
+    assert target_ranks(torch.tensor([[-1, -1]]), torch.tensor([-1])).tolist() == [-1]
+
+
+def test_hand_computed_values() -> None:
+    ranks = torch.tensor([0, 2, 6, -1])  # hits at 1st, 3rd, 7th place; one miss
+    assert recall_at_k(ranks, 1) == pytest.approx(0.25)
+    assert recall_at_k(ranks, 5) == pytest.approx(0.5)
+    assert recall_at_k(ranks, 10) == pytest.approx(0.75)
+    assert ndcg_at_k(ranks, 5) == pytest.approx((1.0 + 1 / math.log2(4)) / 4)
+    assert ndcg_at_k(ranks, 10) == pytest.approx((1.0 + 0.5 + 1 / math.log2(8)) / 4)
+
+
+def test_ranking_metrics_keys_and_empty_input() -> None:
+    metrics = ranking_metrics(torch.tensor([1]), (5, 10))
+    assert list(metrics) == ["recall@5", "ndcg@5", "recall@10", "ndcg@10"]
+    assert metrics["ndcg@5"] == pytest.approx(1 / math.log2(3))
+    assert ranking_metrics(torch.zeros(0, dtype=torch.long))["recall@10"] == 0.0
+
+
+def test_bad_arguments_are_named() -> None:
+    with pytest.raises(ValueError, match="k must be"):
+        recall_at_k(torch.tensor([0]), 0)
+    with pytest.raises(ValueError, match="recommended must be"):
+        target_ranks(torch.tensor([1, 2]), torch.tensor([1]))
