@@ -145,3 +145,16 @@ def test_item_table_must_match_hidden_size() -> None:
     engine, _ = _composed_engine()
     with pytest.raises(ValueError, match="hidden size 16"):
         engine.set_item_table(ItemTable(torch.randn(3, 2, 16)))
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_chunked_branches_equal_one_forward(engine: Engine, chunk: int) -> None:
+    torch.manual_seed(8)
+    reqs = [ScoreRequest(torch.randint(0, 128, (p,)).tolist(),
+                         [torch.randint(0, 128, (c,)).tolist() for c in lens])
+            for p, lens in ((9, [2, 5, 3]), (30, [1]), (4, [6, 6, 1, 2]))]
+    chunked = Engine(engine.model, config=EngineConfig(chunk_tokens=chunk))
+    for params in (LABELS, ScoreParams(mode="loglik")):
+        for a, b in zip(engine.score_requests(reqs, params), chunked.score_requests(reqs, params),
+                        strict=True):
+            assert (a - b).abs().max() <= 1e-5

@@ -10,6 +10,7 @@ import torch
 from genrec.catalog.item_table import ItemTable
 from genrec.catalog.trie import SemanticTrie
 from genrec.engine.batch import PackedBatch, RequestLimits, item_rows, pack_requests
+from genrec.engine.chunked import forward_chunked
 from genrec.engine.inputs import InputError, Part, build_input_embeds
 from genrec.engine.params import (
     BeamParams,
@@ -168,7 +169,6 @@ class Engine:
         batch = self.pack([r.prefix for r in group], [r.candidates for r in group],
                           [r.user_vector for r in group])
         model = self.model
-        layout = batch.layout.to(model.device)
-        hidden = model(self.embed(batch), layout.positions, layout)
+        hidden = forward_chunked(model, self.embed(batch), batch, self.config.chunk_tokens)
         scores = read_scores(model, hidden, batch, params).cpu()
         return list(torch.split(scores, batch.branch_counts))

@@ -53,10 +53,16 @@ class ScoreRequest:
 
 @dataclass
 class EngineConfig:
-    """Engine settings. ``soft_token_id`` is the placeholder replaced by the user's soft token."""
+    """Engine settings.
+
+    ``soft_token_id``: the placeholder replaced by the user's soft token. ``max_batch_tokens``:
+    requests packed into one scoring batch. ``chunk_tokens``: branches run in chunks of this
+    many tokens after their prefixes (activations stay in cache; memory stays bounded).
+    """
 
     max_batch_tokens: int = 65536
     soft_token_id: int | None = None
+    chunk_tokens: int = 4096
 
 
 MAX_BEAM_WIDTH = 256

@@ -98,6 +98,12 @@ class KVCache:
             self.prefix_k[layer], self.prefix_v[layer], self.branch_k[layer], self.branch_v[layer]
         )
 
+    def reset_branches(self, num_branches: int, branch_cap: int) -> None:
+        """Fresh (zeroed) branch storage; the cached prefixes stay."""
+        for store in (self.branch_k, self.branch_v):
+            for layer, t in enumerate(store):
+                store[layer] = t.new_zeros((num_branches, branch_cap) + tuple(t.shape[2:]))
+
     def reorder_branches(self, order: torch.Tensor) -> None:
         """Branch b takes the cached tail of branch ``order[b]`` (beam reordering)."""
         for store in (self.branch_k, self.branch_v):

