@@ -103,11 +103,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--batches", default="1,32", help="requests per batch")
     p.add_argument("--methods", default="genrec,hf,vllm")
     p.add_argument("--items", type=int, default=20000, help="catalog size")
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--hf-max-width", type=int, default=32,
                    help="skip transformers above this width (its callback makes it very slow)")
+    p.add_argument("--hf-max-tokens", type=int, default=600_000,
+                   help="skip transformers when batch x width x prefix exceeds this (it expands "
+                        "every prompt to every beam before its first step)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--vllm-python", default=None)
     p.add_argument("--json", default=None)
@@ -122,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     batches = [int(x) for x in args.batches.split(",")]
     methods = args.methods.split(",")
     vocab = SidVocab(make_catalog(args.items, seed=0), max_history=0)
-    shape = ModelShape(hidden=args.hidden, layers=args.layers, vocab=NUM_SPECIAL + LEVELS * CODES)
+    shape = ModelShape(hidden=args.hidden, layers=args.layers, heads=args.heads,
+                       kv_heads=args.kv_heads, head_dim=64, intermediate=3 * args.hidden,
+                       vocab=NUM_SPECIAL + LEVELS * CODES)
     work = Path(tempfile.mkdtemp(prefix="genrec-beam-"))
     ckpt = build_checkpoint(shape, work / "model", init_std=0.05)
     engine = Engine.from_pretrained(ckpt, config=EngineConfig(soft_token_id=SOFT_ID))
@@ -150,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 records.append({"method": "genrec", "beam_width": w, "batch": b, "prefix": p,
                                 "requests_per_s": rate})
                 note = ""
-                if hf is not None and w <= args.hf_max_width:
+                if hf is not None and w <= args.hf_max_width and b * w * p <= args.hf_max_tokens:
                     x = torch.tensor(prompts[p][:b])
                     with torch.inference_mode():
                         t_hf, top = time_fn(lambda x=x, w=w: hf_generate(hf, vocab, x, w),

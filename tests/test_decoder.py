@@ -83,3 +83,20 @@ def test_gradients_flow_through_branches(qwen3_dir) -> None:
     grads = [p.grad for p in model.parameters() if p.requires_grad]
     assert all(g is not None and torch.isfinite(g).all() for g in grads)
     assert model.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def test_readout_returns_the_same_rows_as_a_full_forward(qwen3_dir) -> None:
+    from genrec.model.layout import branch_last_readout
+
+    model = load_model(qwen3_dir)
+    lens = [3, 1, 5, 2]
+    layout = build_layout([7, 4], [0, 0, 1, 1], lens)
+    tokens = torch.randint(0, 128, (layout.num_tokens,))
+    last = torch.tensor([7 + 2, 7 + 3, 7 + 4 + 4 + 5 - 1, 7 + 4 + 4 + 5 + 1])
+    readout = branch_last_readout([7, 4], [0, 0, 1, 1], lens, last, branch_cap=5)
+    with torch.no_grad():
+        embeds = model.model.embed_tokens(tokens)
+        full = model(embeds, layout.positions, layout)
+        part = model(embeds, layout.positions, layout, readout=readout)
+    assert part.shape == (4, 64)
+    assert (part - full[last]).abs().max() < 1e-5

@@ -12,7 +12,7 @@ import torch
 
 from genrec.engine.batch import PackedBatch
 from genrec.model.decoder import DecoderLM
-from genrec.model.layout import build_layout
+from genrec.model.layout import Readout, branch_last_readout, build_layout
 
 
 def branch_chunks(lengths: list[int], chunk_tokens: int) -> list[tuple[int, int]]:
@@ -29,17 +29,37 @@ def branch_chunks(lengths: list[int], chunk_tokens: int) -> list[tuple[int, int]
     return chunks
 
 
+def _last_readout(
+    batch: PackedBatch, lo: int, hi: int, local_rows: torch.Tensor, device: torch.device
+) -> Readout:
+    return branch_last_readout(
+        batch.prefix_lens, batch.layout.branch_request[lo:hi], batch.branch_lens[lo:hi],
+        local_rows, branch_cap=max(batch.branch_lens[lo:hi]),
+    ).to(device)
+
+
 def forward_chunked(
-    model: DecoderLM, embeds: torch.Tensor, batch: PackedBatch, chunk_tokens: int
+    model: DecoderLM, embeds: torch.Tensor, batch: PackedBatch, chunk_tokens: int,
+    last_only: bool = False,
 ) -> torch.Tensor:
-    """Final hidden states [T, hidden] of every packed token of ``batch``."""
+    """Final hidden states [T, hidden] of the packed tokens of ``batch``.
+
+    ``last_only``: only each branch's last row is defined on return (label and head scores
+    read nothing else), and the last layer skips the other branch rows' work.
+    """
     device = embeds.device
     full = batch.layout
-    if full.num_tokens <= chunk_tokens or full.num_branches == 0:
-        layout = full.to(device)
-        return model(embeds, layout.positions, layout)
-
+    n_br = full.num_branches
     hidden = embeds.new_empty(embeds.shape)
+    if full.num_tokens <= chunk_tokens or n_br == 0:
+        layout = full.to(device)
+        if not last_only or n_br == 0:
+            return model(embeds, layout.positions, layout)
+        last = batch.branch_starts + torch.tensor(batch.branch_lens) - 1
+        readout = _last_readout(batch, 0, n_br, last, device)
+        hidden[readout.rows] = model(embeds, layout.positions, layout, readout=readout)
+        return hidden
+
     prefix_layout = build_layout(batch.prefix_lens, [], []).to(device)
     cache = model.new_cache(prefix_layout)
     prefix_rows = full.prefix_tokens.to(device)
@@ -60,5 +80,10 @@ def forward_chunked(
             torch.cumsum(chunk_lens, 0) - chunk_lens, chunk_lens)
         rows = (first + offset).to(device)
         cache.reset_branches(hi - lo, int(chunk_lens.max()))
-        hidden[rows] = model(embeds[rows], layout.positions, layout, cache)
+        if last_only:
+            readout = _last_readout(batch, lo, hi, torch.cumsum(chunk_lens, 0) - 1, device)
+            last = rows[readout.rows]
+            hidden[last] = model(embeds[rows], layout.positions, layout, cache, readout=readout)
+        else:
+            hidden[rows] = model(embeds[rows], layout.positions, layout, cache)
     return hidden

@@ -169,6 +169,7 @@ class Engine:
         batch = self.pack([r.prefix for r in group], [r.candidates for r in group],
                           [r.user_vector for r in group])
         model = self.model
-        hidden = forward_chunked(model, self.embed(batch), batch, self.config.chunk_tokens)
+        hidden = forward_chunked(model, self.embed(batch), batch, self.config.chunk_tokens,
+                                 last_only=params.mode != "loglik")
         scores = read_scores(model, hidden, batch, params).cpu()
         return list(torch.split(scores, batch.branch_counts))

@@ -8,7 +8,7 @@ from torch import nn
 from genrec.model.attention import KVCache, prefix_branch_attention
 from genrec.model.config import ModelConfig
 from genrec.model.layers import RMSNorm, Rotary, SwiGLU, apply_rotary, fused_linear, linear
-from genrec.model.layout import AttentionLayout
+from genrec.model.layout import AttentionLayout, Readout
 from genrec.model.projector import SoftTokenProjector
 
 
@@ -32,8 +32,10 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
         layout: AttentionLayout, cache: KVCache, layer: int, residual: torch.Tensor,
+        readout: Readout | None = None,
     ) -> torch.Tensor:
-        """x: [T, hidden] (normed) -> residual + attention output [T, hidden]."""
+        """x: [T, hidden] (normed) -> residual + attention output [T, hidden], or only the
+        ``readout`` rows [K, hidden] (keys and values are written for all T rows)."""
         n = x.shape[0]
         qkv = fused_linear(self, x, self.q_proj, self.k_proj, self.v_proj)
         qkv = qkv.view(n, self.heads + 2 * self.kv_heads, self.head_dim)
@@ -42,6 +44,9 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         pk, pv, bk, bv = cache.write(layer, k, v, layout)
+        if readout is not None:
+            q, residual, layout = q[readout.rows], residual[readout.rows], readout.layout
+            n = q.shape[0]
         out = prefix_branch_attention(q, pk, pv, bk, bv, layout, self.scale)
         return linear(out.reshape(n, self.heads * self.head_dim), self.o_proj, add=residual)
 
@@ -54,8 +59,9 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, rope, layout, cache, layer):  # noqa: ANN001 - see DecoderLM.forward
-        x = self.self_attn(self.input_layernorm(x), rope, layout, cache, layer, residual=x)
+    def forward(self, x, rope, layout, cache, layer, readout=None):  # noqa: ANN001 - see DecoderLM
+        x = self.self_attn(self.input_layernorm(x), rope, layout, cache, layer, residual=x,
+                           readout=readout)
         return self.mlp(self.post_attention_layernorm(x), residual=x)
 
 
@@ -111,9 +117,10 @@ class DecoderLM(nn.Module):
 
     def forward(
         self, embeds: torch.Tensor, positions: torch.Tensor, layout: AttentionLayout,
-        cache: KVCache | None = None,
+        cache: KVCache | None = None, readout: Readout | None = None,
     ) -> torch.Tensor:
-        """embeds [T, hidden], positions [T] -> final-normed hidden states [T, hidden].
+        """embeds [T, hidden], positions [T] -> final-normed hidden states [T, hidden], or
+        [K, hidden] for the ``readout`` rows only (the last layer skips the other rows' work).
 
         ``layout`` must live on the model's device; ``cache`` defaults to a transient one.
         """
@@ -126,8 +133,9 @@ class DecoderLM(nn.Module):
             cache = self.new_cache(layout)
         rope = self.rotary.cos_sin(positions, embeds.dtype)
         x = embeds
+        last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, rope, layout, cache, i)
+            x = layer(x, rope, layout, cache, i, readout if i == last else None)
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

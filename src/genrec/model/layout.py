@@ -176,3 +176,30 @@ def build_layout(
         shared_empty=shared_empty, positions=positions, single_request=n_req == 1,
         uniform_branches=bool(n_br == 0 or int(b_new.min()) == b_width),
     )
+
+
+@dataclass
+class Readout:
+    """Rows whose final hidden states a forward must return, and ``layout``: those rows as
+    queries over keys already in the cache. The last layer then runs its attention output,
+    MLP and norm for these rows only (their keys and values are still written for all)."""
+
+    rows: torch.Tensor  # [K] packed rows, in the packing order of ``layout``
+    layout: AttentionLayout
+
+    def to(self, device: torch.device | str) -> Readout:
+        return Readout(self.rows.to(device), self.layout.to(device))
+
+
+def branch_last_readout(
+    prefix_len: Lengths, branch_request: Lengths, branch_len: Lengths, last_rows: torch.Tensor,
+    branch_cap: int,
+) -> Readout:
+    """Readout of each branch's last token (a branch of n keys reads keys 0..n-1)."""
+    lens = _as_long(branch_len, "branch_len")
+    n_req = _as_long(prefix_len, "prefix_len").numel()
+    layout = build_layout(
+        [0] * n_req, branch_request, torch.ones_like(lens), prefix_cached=prefix_len,
+        branch_cached=lens - 1, branch_cap=branch_cap,
+    )
+    return Readout(rows=last_rows, layout=layout)
