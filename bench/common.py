@@ -125,8 +125,9 @@ def _gflops(fn: Callable[[], Any], flops: float, repeats: int) -> float:
 
 def matmul_peak(size: int = 2048, repeats: int = 5,
                 dtypes: tuple[str, ...] = ("float32", "bfloat16")) -> dict[str, float]:
-    """GFLOP/s of ``size``-cubed matrix products by every CPU path: ``torch.mm`` (MKL for fp32)
-    and oneDNN (``mkldnn_linear`` on ``.to_mkldnn()`` tensors). Keys: ``"<dtype> <path>"``."""
+    """GFLOP/s of ``size``-cubed matrix products by every CPU path: ``torch.mm`` (MKL for fp32),
+    oneDNN (``mkldnn_linear`` on ``.to_mkldnn()`` tensors) and oneDNN with a pre-packed weight
+    (``mkldnn._linear_pointwise``, as inductor's freezing uses). Keys: ``"<dtype> <path>"``."""
     flops = 2.0 * size**3
     out: dict[str, float] = {}
     for name in dtypes:
@@ -141,7 +142,11 @@ def matmul_peak(size: int = 2048, repeats: int = 5,
                     out[f"{name} oneDNN"] = _gflops(
                         lambda am=am, bm=bm: torch._C._nn.mkldnn_linear(am, bm, None),
                         flops, repeats)
-                except RuntimeError as err:  # a build without that path
+                    packed = torch.ops.mkldnn._reorder_linear_weight(b, None)
+                    out[f"{name} oneDNN packed"] = _gflops(
+                        lambda a=a, w=packed: torch.ops.mkldnn._linear_pointwise(
+                            a, w, None, "none", [], ""), flops, repeats)
+                except RuntimeError as err:  # a build without these paths
                     print(f"  oneDNN {name} unavailable: {err}")
     return out
 
@@ -181,18 +186,26 @@ def best_peak(peaks: dict[str, float], dtype: str | None = None) -> tuple[str, f
 # FLOP counting
 
 
-def linear_flops_per_token(shape: ModelShape) -> float:
-    """Matmul FLOPs of one token through every layer's projections and MLP (no LM head)."""
+def linear_flops_per_token(shape: ModelShape, layers: int | None = None) -> float:
+    """Matmul FLOPs of one token through the projections and MLP of ``layers`` layers (all by
+    default; no LM head)."""
     h, d = shape.hidden, shape.head_dim
     per_layer = (h * shape.heads * d * 2  # q and o
                  + 2 * h * shape.kv_heads * d  # k and v
                  + 3 * h * shape.intermediate)  # gate, up, down
-    return 2.0 * per_layer * shape.layers
+    return 2.0 * per_layer * (shape.layers if layers is None else layers)
 
 
-def attention_flops(shape: ModelShape, query_key_pairs: float) -> float:
-    """Score (QK^T) and value (PV) products of every layer over the given query-key pairs."""
-    return 4.0 * shape.heads * shape.head_dim * query_key_pairs * shape.layers
+def kv_flops_per_token(shape: ModelShape) -> float:
+    """Matmul FLOPs of one token's key and value projections in one layer."""
+    return 2.0 * 2 * shape.hidden * shape.kv_heads * shape.head_dim
+
+
+def attention_flops(shape: ModelShape, query_key_pairs: float, layers: int | None = None) -> float:
+    """Score (QK^T) and value (PV) products over the given query-key pairs, in ``layers``
+    layers (all by default)."""
+    n_layers = shape.layers if layers is None else layers
+    return 4.0 * shape.heads * shape.head_dim * query_key_pairs * n_layers
 
 
 def shared_prefix_pairs(prefix: int, n_branches: int, branch: int) -> float:
