@@ -51,6 +51,18 @@ def make_catalog(n_items: int, seed: int) -> SemanticIndex:
     return SemanticIndex(codes, [CODES] * LEVELS)
 
 
+def save_tokenizer(ckpt: Path, vocab_size: int) -> None:
+    """A word-level tokenizer over the model's ids (``t0`` ... ``tN``): vLLM's beam search
+    detokenizes, so it needs one; the ids are all that matter here."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t2"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t2", pad_token="t2",
+                            eos_token="t0").save_pretrained(ckpt)
+
+
 def hf_generate(model, vocab: SidVocab, prompts: torch.Tensor, width: int):  # noqa: ANN001
     """transformers beam search constrained by a Python trie; returns the top item per prompt."""
     trie: dict[tuple[int, ...], list[int]] = {}
@@ -132,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
                        vocab=NUM_SPECIAL + LEVELS * CODES)
     work = Path(tempfile.mkdtemp(prefix="genrec-beam-"))
     ckpt = build_checkpoint(shape, work / "model", init_std=0.05)
+    save_tokenizer(ckpt, shape.vocab)
     engine = Engine.from_pretrained(ckpt, config=EngineConfig(soft_token_id=SOFT_ID))
     engine.set_vocab(vocab)
     g = torch.Generator().manual_seed(1)

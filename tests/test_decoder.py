@@ -100,3 +100,17 @@ def test_readout_returns_the_same_rows_as_a_full_forward(qwen3_dir) -> None:
         part = model(embeds, layout.positions, layout, readout=readout)
     assert part.shape == (4, 64)
     assert (part - full[last]).abs().max() < 1e-5
+
+
+def test_bf16_model_keeps_fp32_rotary_frequencies(qwen3_dir) -> None:
+    from transformers import AutoModelForCausalLM
+
+    bf16 = load_model(qwen3_dir, dtype="bfloat16")
+    hf = AutoModelForCausalLM.from_pretrained(qwen3_dir, dtype=torch.float32).eval()
+    ids = torch.randint(0, 128, (200,))
+    layout = build_layout([200], [], [])
+    with torch.no_grad():
+        ours = bf16.logits(bf16(bf16.model.embed_tokens(ids), layout.positions, layout))
+        ref = hf(ids[None]).logits[0]
+    assert bf16.rotary.inv_freq(torch.device("cpu")).dtype == torch.float32
+    assert (ours - ref).abs().max() < 0.1 * ref.abs().max()

@@ -23,16 +23,23 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding for explicit integer positions (rotate-half convention)."""
+    """Rotary position embedding for explicit integer positions (rotate-half convention).
+
+    The frequencies are computed in fp32 at each forward (head_dim / 2 values), never stored
+    in the model's dtype: a bf16 copy would make the angles drift with position.
+    """
 
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self.head_dim, self.theta = head_dim, theta
+
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device)
+        return (1.0 / self.theta ** (exponent / self.head_dim)).float()
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """positions [T] -> cos, signed sin: [T, 1, head_dim] (signed: -sin on the first half)."""
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        freqs = positions.float()[:, None] * self.inv_freq(positions.device)[None, :]
         cos, sin = freqs.cos(), freqs.sin()
         return (
             torch.cat((cos, cos), dim=-1).to(dtype)[:, None, :],
