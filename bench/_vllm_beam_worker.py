@@ -19,7 +19,7 @@ def main(in_path: str, out_path: str) -> None:
     from vllm.sampling_params import BeamSearchParams
 
     llm = LLM(model=job["model_dir"], dtype="float32", enable_prefix_caching=True, block_size=32,
-              max_model_len=1024, seed=0)
+              max_model_len=1024, seed=0, max_logprobs=512)  # beam search asks 2 x width
     results = []
     for s in job["settings"]:
         prompts = [TokensPrompt(prompt_token_ids=p) for p in job["prompts"][str(s["prefix"])]]
