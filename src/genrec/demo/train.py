@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 from tqdm import tqdm
 
 from genrec.model import DecoderLM, ModelConfig, build_layout
+from genrec.training.generative import init_weights
 
 
 def tiny_config(vocab_size: int, max_positions: int = 64) -> ModelConfig:
@@ -39,15 +39,6 @@ class TrainConfig:
     weight_decay: float = 0.01
     warmup: int = 20
     seed: int = 0
-
-
-def init_weights(model: nn.Module, std: float = 0.02) -> None:
-    """Normal(0, std) linear and embedding weights, zero biases (as HF initialises)."""
-    for module in model.modules():
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
 
 
 def pack_batch(seqs: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
