@@ -6,27 +6,12 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
-import torch
-import typer
 from typer.testing import CliRunner
 
-from genrec.commands.generative import eval_command, index_command, train_app
+from genrec.cli import app
 
 N_ITEMS, N_USERS = 40, 30
-app = typer.Typer()
-app.add_typer(train_app, name="train")
-app.command("eval")(eval_command)
-app.command("index")(index_command)
 runner = CliRunner()
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def write_dataset(folder: Path) -> Path:

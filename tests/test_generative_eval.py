@@ -22,14 +22,6 @@ N_ITEMS = 60
 KEYS = {"recall@5", "ndcg@5", "recall@10", "ndcg@10", "n_users", "beam_width"}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def make_engine(user_dim: int = 0, seed: int = 0) -> Engine:
     g = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, 8, (N_ITEMS, 3), generator=g)

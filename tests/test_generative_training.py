@@ -26,15 +26,6 @@ from genrec.training.generative import (
 N_ITEMS, CLUSTERS = 60, 6
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny ops: one thread avoids OpenMP spin-waits on a busy shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def make_vocab(max_history: int = 5, seed: int = 0) -> SidVocab:
     """Random 3x8 Semantic IDs whose first code is the item's cluster (+ dedup level)."""
     g = torch.Generator().manual_seed(seed)

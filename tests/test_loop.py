@@ -19,14 +19,6 @@ from genrec.training.loop import BEST, LAST, STATE_FILE, LoopConfig, fit, warmup
 N_ITEMS = 30
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 class ScriptedTask(GenerativeTask):
     """Generative data with validation metrics read from a script (one value per epoch)."""
 

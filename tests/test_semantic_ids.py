@@ -12,15 +12,6 @@ from genrec.catalog.semantic_ids import (
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # tiny tensors: extra threads only add contention on a busy machine
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def clustered(n: int = 400, dim: int = 16, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     centers = torch.randn(12, dim, generator=g) * 4

@@ -98,7 +98,7 @@ def pack_requests(
             branch_req.append(r)
         counts.append(len(cands))
 
-    ids = torch.tensor(packer.token_ids, dtype=torch.long)
+    ids = packer.token_tensor()
     limit = limits.vocab_size + limits.item_rows
     beyond = torch.nonzero(ids >= limit)
     if beyond.numel():
@@ -139,7 +139,7 @@ def pack_requests(
 
     layout = build_layout(prefix_lens, branch_req, branch_lens)
     return PackedBatch(
-        inputs=packer.finish(soft_used, users), layout=layout, prefix_lens=prefix_lens,
+        inputs=packer.finish(soft_used, users, ids), layout=layout, prefix_lens=prefix_lens,
         branch_lens=branch_lens, branch_starts=torch.tensor(starts, dtype=torch.long),
         prefix_last=torch.tensor(prefix_last, dtype=torch.long), branch_counts=counts,
     )

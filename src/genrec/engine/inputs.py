@@ -88,13 +88,17 @@ class InputPacker:
                                  f"{type(element).__name__}")
         return n
 
-    @property
-    def token_ids(self) -> list[int]:
-        return self._ids
+    def token_tensor(self) -> torch.Tensor:
+        """The packed token ids so far: [T] long (-1 where raw embeddings go)."""
+        return torch.tensor(self._ids, dtype=torch.long)
 
-    def finish(self, soft_rows: list[int], user_vectors: list[torch.Tensor]) -> PackedInputs:
+    def finish(
+        self, soft_rows: list[int], user_vectors: list[torch.Tensor],
+        token_ids: torch.Tensor | None = None,
+    ) -> PackedInputs:
+        """The batch's inputs; ``token_ids`` reuses an already built :meth:`token_tensor`."""
         return PackedInputs(
-            token_ids=torch.tensor(self._ids, dtype=torch.long),
+            token_ids=self.token_tensor() if token_ids is None else token_ids,
             raw_rows=torch.tensor(self._raw_rows, dtype=torch.long),
             raw_embeds=torch.cat(self._raw) if self._raw else None,
             soft_rows=torch.tensor(soft_rows, dtype=torch.long),
