@@ -223,8 +223,16 @@ def eval_command(
     batch_size: Annotated[int, typer.Option(min=1, help="Requests per beam search.")] = 128,
     seed: int = 0, device: DeviceOpt = "auto", threads: ThreadsOpt = None,
     progress: bool = True,
+    teacher: Annotated[Path | None, typer.Option(help="Ranker models: also evaluate this "
+                                                      "DuoLM teacher, side by side.")] = None,
+    store: Annotated[Path | None, typer.Option(
+        help="Ranker models: item store of the student (default: encode the catalog).")] = None,
+    negatives: Annotated[int, typer.Option(min=1, help="Ranker models: sampled negatives per "
+                                                       "user.")] = 99,
 ) -> None:
-    """Recall/NDCG@5/10 of a generative model by full-catalog constrained beam search."""
+    """Evaluate on the test split. A generative model: Recall/NDCG@5/10 by full-catalog
+    constrained beam search. A DuoLM student or teacher: NDCG/Recall@10 and MRR of the held-out
+    item among sampled negatives (student and ``--teacher`` side by side)."""
     from genrec.engine import Engine
     from genrec.evaluation.generative import evaluate_split
     from genrec.training.user_vectors import load_saved_user_vectors
@@ -233,6 +241,11 @@ def eval_command(
     if split not in ("test", "val"):
         raise typer.BadParameter(f"--split must be 'test' or 'val', got {split!r}")
     folder = model / "best" if (model / "best" / "config.json").is_file() else model
+    if (folder / "duolm.json").is_file():
+        from genrec.commands.duolm import eval_rankers
+
+        return eval_rankers(model, teacher, store, data, interactions, items, split, users,
+                            negatives, seed, device, threads, progress, json_path)
     try:
         ds = load_dataset(data, interactions, items)
         engine = Engine.from_pretrained(folder, device=resolve_device(device, threads))

@@ -22,6 +22,8 @@ class RequestLimits:
     item_rows: int  # rows of the item table (items * k); virtual ids must stay below
     user_dim: int  # 0: the model has no soft-token projector
     soft_token_id: int | None
+    item_active: torch.Tensor | None = None  # [num_items] bool: False = retired item
+    tokens_per_item: int = 1
 
 
 @dataclass
@@ -107,6 +109,16 @@ def pack_requests(
             f"{_locate(row, part_starts, part_names)}: item token id {int(ids[row])} is beyond "
             f"the item table ({limits.item_rows} rows after vocabulary size {limits.vocab_size})"
         )
+    if limits.item_active is not None:
+        virtual = torch.nonzero(ids >= limits.vocab_size)[:, 0]
+        items = (ids[virtual] - limits.vocab_size) // limits.tokens_per_item
+        retired = torch.nonzero(~limits.item_active[items])
+        if retired.numel():
+            row = int(virtual[retired[0, 0]])
+            raise InputError(
+                f"{_locate(row, part_starts, part_names)}: item {int(items[retired[0, 0]])} "
+                "is retired from the catalog"
+            )
     soft_rows: list[int] = []
     if limits.soft_token_id is not None:
         soft_rows = torch.nonzero(ids == limits.soft_token_id)[:, 0].tolist()

@@ -89,26 +89,38 @@ class Engine:
     def pack(
         self, prefixes: Sequence[Part], branches: Sequence[Sequence[Part]],
         user_vectors: Sequence[object | None], require_branches: bool = True,
+        item_table: ItemTable | None = None,
     ) -> PackedBatch:
-        """Validate and pack requests against this engine's model and tables."""
-        return pack_requests(prefixes, branches, user_vectors, self._limits(),
+        """Validate and pack requests against this engine's model and ``item_table``
+        (default: the installed one)."""
+        return pack_requests(prefixes, branches, user_vectors,
+                             self._limits(item_table or self.item_table),
                              require_branches=require_branches)
 
-    def embed(self, batch: PackedBatch) -> torch.Tensor:
+    def embed(self, batch: PackedBatch, item_table: ItemTable | None = None) -> torch.Tensor:
         """Input embeddings [T, hidden] of a packed batch, on the model's device."""
         model = self.model
         return build_input_embeds(
-            model.model.embed_tokens, batch.inputs, self.item_table, model.user_projector
+            model.model.embed_tokens, batch.inputs, item_table or self.item_table,
+            model.user_projector,
         )
 
     def set_item_table(self, table: ItemTable) -> None:
-        """Install an item table (moved to the model's device and dtype) in one swap."""
+        """Install an item table (moved to the model's device and dtype) in one swap.
+
+        Each scoring call reads the installed table once, so a call running during a swap
+        uses the old table or the new one throughout, never a mix.
+        """
+        self.item_table = self.prepare_table(table)
+
+    def prepare_table(self, table: ItemTable) -> ItemTable:
+        """``table`` checked against the model and moved to its device and dtype."""
         if table.hidden_size != self.model.config.hidden_size:
             raise ValueError(
                 f"item table hidden size {table.hidden_size} does not match the model's "
                 f"{self.model.config.hidden_size}"
             )
-        self.item_table = table.to(self.model.device, self.model.dtype)
+        return table.to(self.model.device, self.model.dtype)
 
     def item_tokens(self, item_ids: Sequence[int]) -> list[int]:
         """Virtual token ids of catalog items, k per item, in order."""
@@ -117,12 +129,14 @@ class Engine:
         tokens = self.item_table.item_tokens(list(item_ids), self.model.config.vocab_size)
         return tokens.reshape(-1).tolist()
 
-    def _limits(self) -> RequestLimits:
+    def _limits(self, table: ItemTable | None) -> RequestLimits:
         cfg = self.model.config
         return RequestLimits(
             vocab_size=cfg.vocab_size, max_positions=cfg.max_position_embeddings,
-            item_rows=item_rows(self.item_table), user_dim=cfg.user_dim,
+            item_rows=item_rows(table), user_dim=cfg.user_dim,
             soft_token_id=self.config.soft_token_id,
+            item_active=table.active if table is not None else None,
+            tokens_per_item=table.tokens_per_item if table is not None else 1,
         )
 
     def score(
@@ -140,17 +154,20 @@ class Engine:
 
     @torch.inference_mode()
     def score_requests(
-        self, requests: Sequence[ScoreRequest], params: ScoreParams | None = None
+        self, requests: Sequence[ScoreRequest], params: ScoreParams | None = None,
+        item_table: ItemTable | None = None,
     ) -> list[torch.Tensor]:
         """Score many users' requests, packed into as few forwards as ``max_batch_tokens``
-        allows (a request is never split)."""
+        allows (a request is never split). Virtual item tokens read ``item_table`` (already
+        prepared with :meth:`prepare_table`), by default the installed table, read once."""
         params = params or ScoreParams()
         params.validate(self.model.config.vocab_size, self.model.score_head is not None)
         if not requests:
             raise InputError("requests: empty request list")
+        table = item_table or self.item_table
         results: list[torch.Tensor] = []
         for group in self._groups(requests):
-            results.extend(self._score_group(group, params))
+            results.extend(self._score_group(group, params, table))
         return results
 
     def _groups(self, requests: Sequence[ScoreRequest]) -> list[list[ScoreRequest]]:
@@ -165,11 +182,13 @@ class Engine:
             used += size
         return groups
 
-    def _score_group(self, group: list[ScoreRequest], params: ScoreParams) -> list[torch.Tensor]:
+    def _score_group(
+        self, group: list[ScoreRequest], params: ScoreParams, table: ItemTable | None
+    ) -> list[torch.Tensor]:
         batch = self.pack([r.prefix for r in group], [r.candidates for r in group],
-                          [r.user_vector for r in group])
+                          [r.user_vector for r in group], item_table=table)
         model = self.model
-        hidden = forward_chunked(model, self.embed(batch), batch, self.config.chunk_tokens,
+        hidden = forward_chunked(model, self.embed(batch, table), batch, self.config.chunk_tokens,
                                  last_only=params.mode != "loglik")
         scores = read_scores(model, hidden, batch, params).cpu()
         return list(torch.split(scores, batch.branch_counts))

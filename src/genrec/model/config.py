@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from genrec.utils.strict import strict_from_dict
+
 # Keys of an HF config.json that carry no meaning for inference (training, generation or
 # bookkeeping settings). They are accepted on load and dropped.
 _HF_IGNORED_KEYS = frozenset(
@@ -81,11 +83,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         """Build from genrec's own keys; unknown keys are an error."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown config keys: {unknown}")
-        return cls(**data)
+        return strict_from_dict(cls, data, "config")
 
     @classmethod
     def from_hf_dict(cls, data: dict[str, Any]) -> ModelConfig:

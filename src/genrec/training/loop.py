@@ -127,7 +127,8 @@ def _write_checkpoint(model: nn.Module, task: TrainTask, out: Path, payload: dic
     tmp = out / f".{LAST}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_model(model, tmp)
+    save = getattr(model, "save_pretrained", None)  # models of several parts save themselves
+    save(tmp) if save is not None else save_model(model, tmp)
     task.save_extra(tmp)
     atomic_write(tmp / STATE_FILE, lambda t: torch.save(payload, t))
     _swap_in(tmp, out / LAST)
@@ -216,7 +217,10 @@ def fit(
                              "bad_epochs": 0, "stopped": False, "history": []}
     if resume and state_file.is_file():
         saved = torch.load(state_file, map_location="cpu", weights_only=True)
-        model.load_state_dict(load_model(out / LAST).state_dict())
+        if hasattr(model, "load_weights"):
+            model.load_weights(out / LAST)
+        else:
+            model.load_state_dict(load_model(out / LAST).state_dict())
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         _set_rng_state(saved["rng"])

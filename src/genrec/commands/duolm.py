@@ -1,0 +1,336 @@
+"""Commands of the DuoLM ranker: ``train teacher``, ``train duolm``, ``encode-catalog`` and
+the ranking side of ``eval`` (:func:`eval_rankers`).
+
+Registered in ``genrec.cli``; heavy modules are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from genrec.commands.generative import (
+    _INPUT_ERRORS,
+    DataOpt,
+    DeviceOpt,
+    InterOpt,
+    ItemsOpt,
+    ThreadsOpt,
+    _fail,
+    load_dataset,
+    resolve_device,
+    train_app,
+)
+
+if TYPE_CHECKING:
+    from genrec.data.loaders import Dataset
+    from genrec.duolm.encoder import EncoderConfig, ItemFeatures
+
+FEATURES_FILE = "item_features.pt"
+
+
+def _item_text(ds: Dataset) -> dict[int, dict[str, str]]:
+    if ds.item_text is None:
+        raise ValueError(f"{ds.name}: the dataset has no item text; DuoLM reads item text")
+    return ds.item_text
+
+
+def catalog_features(
+    config: EncoderConfig, ds: Dataset, cache: Path | None, progress: bool
+) -> ItemFeatures:
+    """The encoder's frozen features of every catalog item, cached in ``cache`` when given
+    (reused only when backend, text length and the item texts match)."""
+    import hashlib
+
+    import torch
+
+    from genrec.catalog.embeddings import item_texts
+    from genrec.duolm.encoder import ItemFeatures, compute_features
+    from genrec.utils.atomic import atomic_write
+
+    texts = item_texts(_item_text(ds), ds.num_items)
+    key = hashlib.sha256(json.dumps([config.backend, config.max_text_tokens, texts])
+                         .encode()).hexdigest()
+    if cache is not None and cache.is_file():
+        saved = torch.load(cache, weights_only=True)
+        if saved.get("key") == key:
+            return ItemFeatures(saved.get("embeddings"), saved.get("token_ids"))
+    feats = compute_features(config, texts, progress=progress)
+    if cache is not None:
+        payload = {"key": key, "embeddings": feats.embeddings, "token_ids": feats.token_ids}
+        atomic_write(cache, lambda t: torch.save(payload, t))
+    return feats
+
+
+def _val_split(ds: Dataset, max_history: int, users: int | None, negatives: int, seed: int,
+               split: str = "val"):  # noqa: ANN202
+    """The split, a fixed sample of ``users`` examples of ``split`` (None: all; 0: none) and
+    their candidate lists."""
+    from genrec.data.split import leave_one_out
+    from genrec.evaluation.generative import sample_examples
+    from genrec.evaluation.ranking import sample_candidates
+
+    sp = leave_one_out(ds.sequences, max_history=max_history)
+    exs = sample_examples(getattr(sp, split), users, seed) if users != 0 else []
+    return sp, exs, sample_candidates(exs, ds.sequences, ds.num_items, negatives, seed)
+
+
+def _train(task, model, out: Path, epochs: int, lr: float, patience: int, seed: int,  # noqa: ANN001
+           resume: bool, progress: bool, dev: str, args: dict) -> None:
+    from genrec.training.loop import LoopConfig, fit
+    from genrec.utils.atomic import atomic_write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    if not (resume and (out / "train_args.json").is_file()):
+        atomic_write_json(out / "train_args.json", args)
+    n_params = sum(p.numel() for p in model.parameters())
+    typer.echo(f"{len(task.examples)} training examples, {task.num_batches(0)} steps/epoch; "
+               f"{n_params / 1e6:.2f}M parameters on {dev}")
+    cfg = LoopConfig(epochs=epochs, lr=lr, patience=patience, seed=seed, progress=progress)
+    result = fit(model.to(dev), task, out, cfg, resume=resume)
+    for entry in result.history:
+        typer.echo(json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                               for k, v in entry.items()}))
+    typer.echo(f"epochs {result.epochs_done}; best epoch {result.best_epoch} "
+               f"(val ndcg@10 {result.best_metric}); early stop: {result.stopped_early}")
+
+
+Hidden = Annotated[int, typer.Option(min=8)]
+
+
+@train_app.command("teacher")
+def train_teacher(
+    out: Annotated[Path, typer.Option(help="Output folder (last/, best/, history.json).")],
+    data: DataOpt = None, interactions: InterOpt = None, items: ItemsOpt = None,
+    hidden: Hidden = 128, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+    max_title_tokens: int = 24, max_text_tokens: int = 128,
+    max_history: Annotated[int, typer.Option(min=1)] = 20,
+    negatives: Annotated[int, typer.Option(min=1, help="Sampled negatives per example.")] = 15,
+    users_per_step: Annotated[int, typer.Option(min=1)] = 16,
+    max_examples: Annotated[int, typer.Option(min=0, help="Train on a fixed random sample of "
+                                                          "this many examples (0: all).")] = 0,
+    epochs: Annotated[int, typer.Option(min=1)] = 3, lr: float = 1e-3,
+    patience: Annotated[int, typer.Option(min=0)] = 2,
+    val_users: Annotated[int, typer.Option(min=0)] = 500,
+    val_negatives: Annotated[int, typer.Option(min=1, help="Sampled negatives per validation "
+                                                           "user.")] = 99,
+    init_embeddings: Annotated[bool, typer.Option(
+        help="Start token embeddings from all-MiniLM-L6-v2's (PCA to the hidden size).")] = True,
+    seed: int = 0, resume: bool = False, device: DeviceOpt = "auto", threads: ThreadsOpt = None,
+    progress: bool = True,
+) -> None:
+    """Train the full-text teacher ranker (history titles, candidate full text)."""
+    from genrec.duolm.prompts import TeacherPrompts
+    from genrec.model import load_model
+    from genrec.model.registry import build_model
+    from genrec.training.duolm import RankingTask, init_text_embeddings, ranker_config
+    from genrec.training.generative import init_weights
+    from genrec.training.loop import LAST
+
+    dev = resolve_device(device, threads)
+    args = {k: str(v) if isinstance(v, Path) else v for k, v in locals().items()
+            if k in train_teacher.__annotations__}
+    try:
+        ds = load_dataset(data, interactions, items)
+        prompts = TeacherPrompts.from_items(_item_text(ds), ds.num_items, None, max_title_tokens,
+                                            max_text_tokens, max_history)
+        sp, val, val_cands = _val_split(ds, max_history, val_users, val_negatives, seed)
+        train = _sample(sp.train, max_examples, seed)
+        if resume and (out / LAST / "config.json").is_file():
+            model = load_model(out / LAST)
+        else:
+            positions = 2 + max_history * (max_title_tokens + 1) + max_text_tokens + 1
+            model = build_model(ranker_config(prompts.vocab_size, hidden, layers, heads,
+                                               kv_heads, positions))
+            init_weights(model)
+            if init_embeddings:
+                init_text_embeddings(model)
+        meta = {"kind": "teacher", "max_history": max_history,
+                "max_title_tokens": max_title_tokens, "max_text_tokens": max_text_tokens,
+                "tokenizer": "all-MiniLM-L6-v2 WordPiece"}
+        task = RankingTask(prompts, train, ds.num_items, meta, negatives=negatives,
+                           users_per_step=users_per_step, seed=seed, val_examples=val,
+                           val_candidates=val_cands, progress=progress)
+        _train(task, model, out, epochs, lr, patience, seed, resume, progress, dev, args)
+    except _INPUT_ERRORS as err:
+        raise _fail(err) from None
+
+
+def _sample(examples: list, n: int, seed: int) -> list:
+    from genrec.evaluation.generative import sample_examples
+
+    return sample_examples(examples, n, seed) if n else examples
+
+
+@train_app.command("duolm")
+def train_duolm(
+    out: Annotated[Path, typer.Option(help="Output folder (last/, best/, history.json).")],
+    data: DataOpt = None, interactions: InterOpt = None, items: ItemsOpt = None,
+    teacher: Annotated[Path | None, typer.Option(help="Teacher checkpoint to distil from "
+                                                      "(a training folder: its best/).")] = None,
+    distill_weight: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.5,
+    temperature: Annotated[float, typer.Option(min=0.01)] = 1.0,
+    backend: Annotated[str, typer.Option(help="Item encoder: minilm | decoder.")] = "minilm",
+    k: Annotated[int, typer.Option(min=1, help="Vectors per item.")] = 2,
+    max_text_tokens: int = 128,
+    hidden: Hidden = 128, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+    max_history: Annotated[int, typer.Option(min=1)] = 20,
+    negatives: Annotated[int, typer.Option(min=1)] = 15,
+    users_per_step: Annotated[int, typer.Option(min=1)] = 32,
+    max_examples: Annotated[int, typer.Option(min=0)] = 0,
+    epochs: Annotated[int, typer.Option(min=1)] = 5, lr: float = 1e-3,
+    patience: Annotated[int, typer.Option(min=0)] = 2,
+    val_users: Annotated[int, typer.Option(min=0)] = 500,
+    val_negatives: Annotated[int, typer.Option(min=1, help="Sampled negatives per validation "
+                                                           "user.")] = 99,
+    seed: int = 0, resume: bool = False, device: DeviceOpt = "auto", threads: ThreadsOpt = None,
+    progress: bool = True,
+) -> None:
+    """Train the DuoLM student: item encoder + virtual-token ranker, end to end, on next-item
+    labels plus distillation from the teacher's scores."""
+    import torch
+
+    from genrec.duolm.encoder import EncoderConfig, ItemEncoder
+    from genrec.duolm.prompts import STUDENT_VOCAB_SIZE, StudentPrompts
+    from genrec.duolm.ranker import TeacherRanker
+    from genrec.model.registry import build_model
+    from genrec.training.duolm import DuoModel, RankingTask, ranker_config
+    from genrec.training.generative import init_weights
+
+    dev = resolve_device(device, threads)
+    args = {k_: str(v) if isinstance(v, Path) else v for k_, v in locals().items()
+            if k_ in train_duolm.__annotations__}
+    try:
+        ds = load_dataset(data, interactions, items)
+        torch.manual_seed(seed)
+        enc_cfg = EncoderConfig(backend=backend, k=k, hidden_size=hidden,
+                                max_text_tokens=max_text_tokens)
+        out.mkdir(parents=True, exist_ok=True)
+        features = catalog_features(enc_cfg, ds, out / FEATURES_FILE, progress)
+        ranker = build_model(ranker_config(STUDENT_VOCAB_SIZE, hidden, layers, heads,
+                                            kv_heads, 4 + max_history * (k + 1) + k))
+        init_weights(ranker)
+        model = DuoModel(ranker, ItemEncoder(enc_cfg))
+        teacher_ranker = None
+        if teacher is not None:
+            folder = teacher / "best" if (teacher / "best" / "config.json").is_file() \
+                else teacher
+            teacher_ranker = TeacherRanker.from_pretrained(folder, _item_text(ds), ds.num_items,
+                                                           device=dev)
+        sp, val, val_cands = _val_split(ds, max_history, val_users, val_negatives, seed)
+        meta = {"kind": "student", "max_history": max_history, "k": k, "backend": backend,
+                "teacher": str(teacher) if teacher else None, "distill_weight": distill_weight}
+        task = RankingTask(StudentPrompts(k, STUDENT_VOCAB_SIZE, max_history),
+                           _sample(sp.train, max_examples, seed), ds.num_items, meta, features,
+                           negatives, users_per_step, seed, val, val_cands, teacher_ranker,
+                           distill_weight if teacher_ranker else 0.0, temperature, progress)
+        _train(task, model, out, epochs, lr, patience, seed, resume, progress, dev, args)
+    except _INPUT_ERRORS as err:
+        raise _fail(err) from None
+
+
+def _folder(path: Path) -> Path:
+    return path / "best" if (path / "best" / "config.json").is_file() else path
+
+
+def encode_catalog(
+    model: Annotated[Path, typer.Option(help="DuoLM student checkpoint (or training folder).")],
+    out: Annotated[Path, typer.Option(help="Item store folder (a new version is added).")],
+    data: DataOpt = None, interactions: InterOpt = None, items: ItemsOpt = None,
+    features: Annotated[Path | None, typer.Option(help="Feature cache file.")] = None,
+    batch_size: Annotated[int, typer.Option(min=1)] = 256,
+    device: DeviceOpt = "auto", threads: ThreadsOpt = None, progress: bool = True,
+) -> None:
+    """Encode every catalog item with the student's item encoder into a versioned store."""
+    from genrec.duolm.encoder import ItemEncoder
+    from genrec.duolm.ranker import ENCODER_DIR, read_meta
+    from genrec.duolm.store import write_store
+
+    dev = resolve_device(device, threads)
+    folder = _folder(model)
+    try:
+        read_meta(folder)
+        ds = load_dataset(data, interactions, items)
+        encoder = ItemEncoder.load(folder / ENCODER_DIR, dev)
+        feats = catalog_features(encoder.config, ds, features, progress)
+        vectors = encoder.encode_all(feats, batch_size, progress)
+        version = write_store(out, vectors, list(ds.item_ids), meta={
+            "dataset": ds.name, "model": folder.name, "encoder": vars(encoder.config)})
+    except _INPUT_ERRORS as err:
+        raise _fail(err) from None
+    typer.echo(f"{ds.num_items} items x {vectors.shape[1]} vectors x {vectors.shape[2]} "
+               f"-> {out} (version {version})")
+
+
+def eval_rankers(
+    model: Path, teacher: Path | None, store: Path | None, data: Path | None,
+    interactions: Path | None, items: Path | None, split: str, users: int | None,
+    negatives: int, seed: int, device: str, threads: int | None, progress: bool,
+    json_path: Path | None,
+) -> None:
+    """Rank each user's held-out item among ``negatives`` sampled items: the DuoLM student
+    (and the teacher, when given) side by side; NDCG@10, Recall@10, MRR."""
+    import time
+
+    from genrec.duolm.ranker import DuoRanker, RankRequest, TeacherRanker, read_meta
+    from genrec.evaluation.ranking import evaluate_ranking
+    from genrec.utils.atomic import atomic_write_json
+
+    dev = resolve_device(device, threads)
+    try:
+        ds = load_dataset(data, interactions, items)
+        rankers = {}
+        for path in [p for p in (model, teacher) if p is not None]:
+            folder = _folder(path)
+            kind = read_meta(folder)["kind"]
+            if kind == "teacher":
+                rankers["teacher"] = TeacherRanker.from_pretrained(
+                    folder, _item_text(ds), ds.num_items, device=dev)
+            else:
+                rankers["student"] = _student(folder, store, ds, progress, dev, DuoRanker)
+        meta_hist = int(read_meta(_folder(model)).get("max_history", 20))
+        _, exs, cands = _val_split(ds, meta_hist, users, negatives, seed, split)
+        results = {}
+        for name, ranker in rankers.items():
+            start = time.perf_counter()
+
+            def score(e, c, r=ranker):  # noqa: ANN001, ANN202
+                return r.rank([RankRequest(x.history, y) for x, y in zip(e, c, strict=True)])
+
+            results[name] = evaluate_ranking(score, exs, cands, progress=progress)
+            results[name]["seconds"] = time.perf_counter() - start
+    except _INPUT_ERRORS as err:
+        raise _fail(err) from None
+    keys = ("ndcg@10", "recall@10", "mrr", "ndcg@5", "recall@5")
+    typer.echo(f"{ds.name} {split}: {len(exs)} users, 1 positive + {negatives} negatives")
+    typer.echo(f"{'model':>8}  " + "  ".join(f"{k:>9}" for k in keys) + "  seconds")
+    for name, m in results.items():
+        typer.echo(f"{name:>8}  " + "  ".join(f"{m[k]:>9.4f}" for k in keys)
+                   + f"  {m['seconds']:.1f}")
+    if "teacher" in results and "student" in results:
+        ratio = results["student"]["ndcg@10"] / max(results["teacher"]["ndcg@10"], 1e-12)
+        typer.echo(f"student / teacher NDCG@10: {ratio:.3f}")
+    if json_path is not None:
+        atomic_write_json(json_path, {"split": split, "negatives": negatives, **results})
+
+
+def _student(folder: Path, store: Path | None, ds: Dataset, progress: bool, dev: str,
+             cls):  # noqa: ANN001, ANN202
+    from genrec.catalog.item_table import ItemTable
+    from genrec.duolm.encoder import ItemEncoder
+    from genrec.duolm.prompts import SOFT_ID
+    from genrec.duolm.ranker import ENCODER_DIR
+    from genrec.engine import Engine
+    from genrec.engine.params import EngineConfig
+    from genrec.model import load_model
+
+    if store is not None:
+        return cls.from_pretrained(folder, store, device=dev)
+    encoder = ItemEncoder.load(folder / ENCODER_DIR, dev)
+    cache = folder.parent / FEATURES_FILE
+    feats = catalog_features(encoder.config, ds, cache if cache.is_file() else None, progress)
+    engine = Engine(load_model(folder, device=dev), config=EngineConfig(soft_token_id=SOFT_ID))
+    return cls(engine, ItemTable(encoder.encode_all(feats)), encoder, list(ds.item_ids))

@@ -1,0 +1,239 @@
+"""DuoLM rankers on the engine: the student (virtual item tokens) and the full-text teacher.
+
+Both score a user's candidates in one multi-item scoring request per user (prefix once, each
+candidate attending to the prefix and itself); a score is log p(yes) at the candidate's score
+token. The student reads item representations from the engine's item table, which can be
+updated live (:meth:`DuoRanker.update`): every call reads the table once, so a request sees the
+old table or the new one, never a mix, and a retired item is rejected, never scored.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from genrec.catalog.item_table import ItemTable
+from genrec.duolm.encoder import ItemEncoder, compute_features
+from genrec.duolm.prompts import SOFT_ID, YES_ID, StudentPrompts, TeacherPrompts
+from genrec.duolm.store import load_store, write_store
+from genrec.engine.engine import Engine
+from genrec.engine.inputs import InputError
+from genrec.engine.params import EngineConfig, ScoreParams, ScoreRequest
+from genrec.model.checkpoint import load_model
+
+META_FILE = "duolm.json"
+ENCODER_DIR = "item_encoder"
+
+
+@dataclass
+class RankRequest:
+    """One user: history item ids (oldest first), candidate item ids, optional user vector and
+    optional per-history-item feedback (``rating_1``..``rating_5``, ``like``, ``skip``)."""
+
+    history: Sequence[int]
+    candidates: Sequence[int]
+    user_vector: Sequence[float] | torch.Tensor | None = None
+    feedback: Sequence[str | None] | None = None
+
+
+class Prompts(Protocol):
+    def prefix(self, history: Sequence[int], soft: bool = False) -> list[int]: ...
+
+    def candidate(self, item: int) -> list[int]: ...
+
+
+def _check_ids(ids: Sequence[int], num_items: int, active: torch.Tensor | None,
+               field: str) -> None:
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise InputError(f"{field}: item ids must be integers, got {i!r}")
+    t = torch.tensor(list(ids), dtype=torch.long)
+    bad = t[(t < 0) | (t >= num_items)]
+    if bad.numel():
+        raise InputError(f"{field}: unknown item id {int(bad[0])} (catalog has 0..{num_items - 1})")
+    if active is not None and t.numel() and not bool(active[t].all()):
+        raise InputError(f"{field}: item {int(t[~active[t]][0])} is retired from the catalog")
+
+
+def rank_requests(
+    engine: Engine, prompts: Prompts, requests: Sequence[RankRequest], yes_id: int,
+    num_items: int, table: ItemTable | None = None, feedback: bool = False,
+) -> list[torch.Tensor]:
+    """Scores [n_candidates] per request: one scoring request per user, all batched.
+
+    Shared by the student and the teacher (and by their evaluation), so both are measured
+    on exactly the engine path that serves them.
+    """
+    if not requests:
+        raise InputError("requests: empty request list")
+    active = table.active if table is not None else None
+    score_reqs = []
+    for r, req in enumerate(requests):
+        where = f"requests[{r}]"
+        if not len(req.candidates):
+            raise InputError(f"{where}.candidates: empty candidate list")
+        _check_ids(req.history, num_items, active, f"{where}.history")
+        _check_ids(req.candidates, num_items, active, f"{where}.candidates")
+        soft = req.user_vector is not None
+        if feedback and req.feedback is not None:
+            try:
+                prefix = prompts.prefix(req.history, soft, req.feedback)  # type: ignore[call-arg]
+            except ValueError as err:
+                raise InputError(f"{where}.{err}") from None
+        else:
+            prefix = prompts.prefix(req.history, soft)
+        score_reqs.append(ScoreRequest(prefix, [prompts.candidate(c) for c in req.candidates],
+                                       req.user_vector))
+    params = ScoreParams(mode="labels", label_token_ids=[yes_id])
+    return [s[:, 0] for s in engine.score_requests(score_reqs, params, item_table=table)]
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """The ``duolm.json`` of a ranker checkpoint (raises when the folder is not one)."""
+    file = Path(path) / META_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"{path}: no {META_FILE} (not a DuoLM student or teacher)")
+    return json.loads(file.read_text())
+
+
+class DuoRanker:
+    """The DuoLM student: ranker engine + device-resident item table (+ encoder for updates)."""
+
+    def __init__(
+        self, engine: Engine, table: ItemTable, encoder: ItemEncoder | None = None,
+        item_ids: list[str] | None = None, max_history: int = 20,
+    ) -> None:
+        self.engine = engine
+        self.encoder = encoder
+        self.prompts = StudentPrompts(k=table.tokens_per_item,
+                                      vocab_size=engine.model.config.vocab_size,
+                                      max_history=max_history)
+        self.item_ids = list(item_ids) if item_ids is not None else \
+            [str(i) for i in range(table.num_items)]
+        self._lock = threading.Lock()  # serialises updates; readers never wait
+        engine.set_item_table(table)
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, store: str | Path, device: str = "cpu",
+        dtype: str | torch.dtype | None = None,
+    ) -> DuoRanker:
+        """Load a student checkpoint and the current version of an item store."""
+        meta = read_meta(path)
+        if meta.get("kind") != "student":
+            raise ValueError(f"{path}: a {meta.get('kind')} checkpoint, not a DuoLM student")
+        model = load_model(path, dtype=dtype, device=device)
+        snapshot = load_store(store)
+        encoder_dir = Path(path) / ENCODER_DIR
+        encoder = ItemEncoder.load(encoder_dir, device) if encoder_dir.is_dir() else None
+        engine = Engine(model, config=EngineConfig(soft_token_id=SOFT_ID))
+        return cls(engine, snapshot.table(), encoder, snapshot.item_ids,
+                   int(meta.get("max_history", 20)))
+
+    @property
+    def table(self) -> ItemTable:
+        table = self.engine.item_table
+        assert table is not None
+        return table
+
+    @property
+    def catalog_version(self) -> int:
+        return self.table.version
+
+    def rank(self, requests: Sequence[RankRequest]) -> list[torch.Tensor]:
+        """Score each request's candidates (1-D tensor per request, higher is better)."""
+        table = self.table  # read once: the whole call uses this version
+        return rank_requests(self.engine, self.prompts, requests, YES_ID, table.num_items,
+                             table, feedback=True)
+
+    def update(
+        self, vectors: Mapping[int, torch.Tensor] | None = None,
+        retire: Sequence[int] = (), item_ids: Mapping[int, str] | None = None,
+    ) -> int:
+        """Replace or add items' representations ([k, hidden] each; new ids must extend the
+        catalog contiguously) and retire items, all or nothing; returns the new version."""
+        vectors = dict(vectors or {})
+        with self._lock:
+            old = self.table
+            n, k, h = old.num_items, old.tokens_per_item, old.hidden_size
+            new_ids = sorted(i for i in vectors if i >= n)
+            if new_ids and new_ids != list(range(n, n + len(new_ids))):
+                raise InputError(f"items: new item ids must be {n}, {n + 1}, ... in order")
+            for i, v in vectors.items():
+                if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+                    raise InputError(f"items: bad item id {i!r}")
+                if tuple(v.shape) != (k, h):
+                    raise InputError(f"items[{i}]: expected [{k}, {h}] vectors, "
+                                     f"got {tuple(v.shape)}")
+                if not bool(torch.isfinite(v).all()):
+                    raise InputError(f"items[{i}]: NaN or infinite values")
+            _check_ids(list(retire), n, None, "retire")
+            total = n + len(new_ids)
+            table = torch.empty(total, k, h, dtype=old.vectors.dtype, device=old.vectors.device)
+            table[:n] = old.vectors
+            active = torch.ones(total, dtype=torch.bool)
+            if old.active is not None:
+                active[:n] = old.active
+            if vectors:
+                rows = torch.tensor(list(vectors), dtype=torch.long)
+                table[rows.to(table.device)] = torch.stack(list(vectors.values())).to(table)
+                active[rows] = True
+            if retire:
+                active[torch.tensor(list(retire), dtype=torch.long)] = False
+            ids = self.item_ids + [str(i) for i in new_ids]
+            for i, name in (item_ids or {}).items():
+                if 0 <= i < total:
+                    ids[i] = name
+            new = ItemTable(table, version=old.version + 1, active=active)
+            self.engine.set_item_table(new)  # the one swap readers see
+            self.item_ids = ids
+            return new.version
+
+    def upsert_texts(self, texts: Mapping[int, str]) -> int:
+        """Encode item texts with the item encoder, then swap them in (see :meth:`update`)."""
+        if self.encoder is None:
+            raise ValueError("this ranker was loaded without its item encoder")
+        if not texts:
+            raise InputError("items: empty list")
+        features = compute_features(self.encoder.config, list(texts.values()), progress=False)
+        vectors = self.encoder.encode_all(features)
+        return self.update(dict(zip(texts, vectors, strict=True)))
+
+    def save_store(self, path: str | Path) -> int:
+        """Write the current table as a new store version; returns its number."""
+        table = self.table
+        return write_store(path, table.vectors.float().cpu(), self.item_ids, table.active,
+                           {"source": "live update", "table_version": table.version})
+
+
+class TeacherRanker:
+    """The full-text teacher: the same scoring path over text-token prompts."""
+
+    def __init__(self, engine: Engine, prompts: TeacherPrompts) -> None:
+        self.engine = engine
+        self.prompts = prompts
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, item_text: Mapping[int, Mapping[str, str]], num_items: int,
+        device: str = "cpu", dtype: str | torch.dtype | None = None,
+    ) -> TeacherRanker:
+        meta = read_meta(path)
+        if meta.get("kind") != "teacher":
+            raise ValueError(f"{path}: a {meta.get('kind')} checkpoint, not a DuoLM teacher")
+        prompts = TeacherPrompts.from_items(
+            item_text, num_items, max_title_tokens=int(meta["max_title_tokens"]),
+            max_text_tokens=int(meta["max_text_tokens"]), max_history=int(meta["max_history"]))
+        engine = Engine(load_model(path, dtype=dtype, device=device),
+                        config=EngineConfig(soft_token_id=prompts.soft_id))
+        return cls(engine, prompts)
+
+    def rank(self, requests: Sequence[RankRequest]) -> list[torch.Tensor]:
+        return rank_requests(self.engine, self.prompts, requests, self.prompts.yes_id,
+                             self.prompts.num_items)
