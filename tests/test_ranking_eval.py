@@ -126,3 +126,11 @@ def test_evaluate_ranking_rejects_mismatched_scores() -> None:
         evaluate_ranking(lambda ex, c: [torch.zeros(12)], examples, candidates)
     with pytest.raises(ValueError, match="score: expected one score per candidate"):
         evaluate_ranking(lambda ex, c: [torch.zeros(5) for _ in ex], examples, candidates)
+
+
+def test_full_catalog_candidates() -> None:
+    """``num_negatives=None``: every item the user has not seen, target first."""
+    seqs = [[0, 1, 2], [3, 4]]
+    exs = [Example(0, [0, 1], 2), Example(1, [3], 4)]
+    out = sample_candidates(exs, seqs, 6, None)
+    assert out == [[2, 3, 4, 5], [4, 0, 1, 2, 5]]

@@ -75,7 +75,7 @@ def _val_split(ds: Dataset, max_history: int, users: int | None, negatives: int,
 
     sp = leave_one_out(ds.sequences, max_history=max_history)
     exs = sample_examples(getattr(sp, split), users, seed) if users != 0 else []
-    return sp, exs, sample_candidates(exs, ds.sequences, ds.num_items, negatives, seed)
+    return sp, exs, sample_candidates(exs, ds.sequences, ds.num_items, negatives or None, seed)
 
 
 def _train(task, model, out: Path, epochs: int, lr: float, patience: int, seed: int,  # noqa: ANN001
@@ -305,7 +305,8 @@ def eval_rankers(
     except _INPUT_ERRORS as err:
         raise _fail(err) from None
     keys = ("ndcg@10", "recall@10", "mrr", "ndcg@5", "recall@5")
-    typer.echo(f"{ds.name} {split}: {len(exs)} users, 1 positive + {negatives} negatives")
+    shown = f"{negatives} negatives" if negatives else "the full catalog"
+    typer.echo(f"{ds.name} {split}: {len(exs)} users, 1 positive + {shown}")
     typer.echo(f"{'model':>8}  " + "  ".join(f"{k:>9}" for k in keys) + "  seconds")
     for name, m in results.items():
         typer.echo(f"{name:>8}  " + "  ".join(f"{m[k]:>9.4f}" for k in keys)

@@ -227,8 +227,8 @@ def eval_command(
                                                       "DuoLM teacher, side by side.")] = None,
     store: Annotated[Path | None, typer.Option(
         help="Ranker models: item store of the student (default: encode the catalog).")] = None,
-    negatives: Annotated[int, typer.Option(min=1, help="Ranker models: sampled negatives per "
-                                                       "user.")] = 99,
+    negatives: Annotated[int, typer.Option(min=0, help="Ranker models: sampled negatives per "
+                                                       "user (0: the full catalog).")] = 99,
 ) -> None:
     """Evaluate on the test split. A generative model: Recall/NDCG@5/10 by full-catalog
     constrained beam search. A DuoLM student or teacher: NDCG/Recall@10 and MRR of the held-out

@@ -1,7 +1,8 @@
 """Candidate-ranking evaluation: the held-out item among sampled negatives.
 
 Each example's candidates are its target first, then ``num_negatives`` items the user never
-interacted with, drawn with a fixed seed (the same lists for every model compared). A target's
+interacted with, drawn with a fixed seed (the same lists for every model compared); with
+``num_negatives=None`` every such item (full-catalog ranking). A target's
 rank is the number of candidates scored strictly higher plus the number tied with it (ties
 count against the model, so a constant scorer ranks last). Metrics: NDCG@K, Recall@K, MRR.
 """
@@ -19,13 +20,17 @@ from genrec.evaluation.metrics import ranking_metrics
 
 def sample_candidates(
     examples: Sequence[Example], sequences: Sequence[Sequence[int]], num_items: int,
-    num_negatives: int = 99, seed: int = 0,
+    num_negatives: int | None = 99, seed: int = 0,
 ) -> list[list[int]]:
-    """``[target, neg_1, ..., neg_M]`` per example; negatives avoid the user's items."""
+    """``[target, neg_1, ..., neg_M]`` per example; negatives avoid the user's items (all of
+    the other items when ``num_negatives`` is None)."""
     gen = torch.Generator().manual_seed(seed)
     out: list[list[int]] = []
     for ex in examples:
         seen = set(sequences[ex.user]) | {ex.target}
+        if num_negatives is None:
+            out.append([ex.target] + [i for i in range(num_items) if i not in seen])
+            continue
         room = num_items - sum(1 for i in seen if 0 <= i < num_items)
         if room < num_negatives:
             raise ValueError(f"user {ex.user}: only {room} items left to sample "

@@ -1,0 +1,253 @@
+"""The FastAPI application: routes, error mapping, metrics and readiness.
+
+Every error is JSON ``{"detail": "<message naming the field>"}``: bad input 422 (schema or
+engine ``InputError``), unavailable feature 400, body too large 413, queue full or draining
+503 with ``Retry-After``, deadline passed 504.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from genrec.engine import Engine
+from genrec.serving import schemas as S
+from genrec.serving.backends import CatalogUpdater, Ranker, make_runner
+from genrec.serving.metrics import ServerMetrics
+from genrec.serving.scheduler import (
+    BatchScheduler,
+    DeadlineExceededError,
+    DrainingError,
+    QueueFullError,
+)
+from genrec.serving.service import ApiError, Service
+
+log = logging.getLogger("genrec.serving")
+
+ROUTES = ("/v1/recommend", "/v1/rank", "/v1/score", "/v1/completions", "/v1/catalog/items",
+          "/health", "/ready", "/metrics")
+
+
+@dataclass
+class ServeConfig:
+    """Server settings: dynamic batching, queue bound, draining and body size."""
+
+    max_batch_size: int = 32
+    max_wait_ms: float = 5.0
+    max_queue: int = 256
+    model_name: str = "genrec"
+    drain_timeout_s: float = 30.0
+    max_body_bytes: int = 64 * 1024 * 1024
+    retry_after_s: int = 1
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p != "body"]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if p.isdigit() else (f".{p}" if out else p)
+    return out or "body"
+
+
+def validation_detail(err: RequestValidationError) -> str:
+    """One message naming the fields of a schema error (at most three listed)."""
+    messages = []
+    for e in err.errors()[:3]:
+        if e.get("type") == "json_invalid":
+            messages.append(f"body: invalid JSON ({e.get('ctx', {}).get('error', e['msg'])})")
+        elif e.get("type") == "missing" and tuple(e.get("loc", ())) == ("body",):
+            messages.append("body: a JSON object is required")
+        elif e.get("type") == "model_attributes_type" and tuple(e.get("loc", ())) == ("body",):
+            messages.append("body: expected a JSON object (with Content-Type: "
+                            "application/json)")
+        else:
+            messages.append(f"{_field(tuple(e.get('loc', ())))}: {e['msg']}")
+    more = len(err.errors()) - 3
+    return "; ".join(messages) + (f" (and {more} more errors)" if more > 0 else "")
+
+
+def _deadline(request: Request, body_ms: int | None) -> float | None:
+    header = request.headers.get("x-deadline-ms")
+    values = [] if body_ms is None else [float(body_ms)]
+    if header is not None:
+        try:
+            value = float(header)
+        except ValueError:
+            raise ValueError(f"X-Deadline-Ms: expected milliseconds, got {header!r}") from None
+        if not 0 < value < float("inf"):
+            raise ValueError(f"X-Deadline-Ms: must be a positive number, got {header!r}")
+        values.append(value)
+    return min(values) if values else None
+
+
+class _Guard:
+    """ASGI middleware: refuses oversized bodies (413) and, while draining, new ``/v1``
+    requests (503); turns unhandled errors into a bare 500; records every answer's metrics."""
+
+    def __init__(self, app: Any, state: Any, metrics: ServerMetrics, config: ServeConfig) -> None:
+        self.app, self.state, self.metrics, self.config = app, state, metrics, config
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        path = scope["path"]
+        endpoint = path if path in ROUTES else "other"
+        status = [0]  # 0 until the answer starts
+
+        async def send_status(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        retry = {"Retry-After": str(self.config.retry_after_s)}
+        if length.isdigit() and int(length) > self.config.max_body_bytes:
+            reply = _error(413, f"body: larger than {self.config.max_body_bytes} bytes")
+        elif self.state.draining and path.startswith("/v1/"):
+            self.metrics.reject("draining")
+            reply = _error(503, "server is shutting down", retry)
+        else:
+            reply = None
+            try:
+                await self.app(scope, receive, send_status)
+            except Exception:
+                log.exception("unhandled error on %s", path)
+                if status[0]:  # the answer had started: nothing more to send
+                    raise
+                reply = _error(500, "internal server error")
+        if reply is not None:
+            await reply(scope, receive, send_status)
+        if endpoint != "/metrics":
+            self.metrics.observe_request(endpoint, status[0], time.perf_counter() - start)
+
+
+def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+
+
+def create_app(
+    engine: Engine, *, ranker: Ranker | None = None,
+    catalog_updater: CatalogUpdater | None = None, tokenizer: Any = None,
+    config: ServeConfig | None = None,
+) -> FastAPI:
+    """The server around ``engine`` (and optionally a ranker for ``/v1/rank`` and reranking,
+    a catalog updater for ``/v1/catalog/items``, a tokenizer for text in ``/v1/score``).
+
+    ``app.state.service`` and ``app.state.scheduler`` give access to them; set
+    ``app.state.draining = True`` (or call ``app.state.scheduler.begin_drain()``) to make
+    ``/ready`` answer 503 before a shutdown.
+    """
+    config = config or ServeConfig()
+    holder: dict[str, Service] = {}
+    metrics = ServerMetrics(lambda: scheduler.queue_depth(),
+                            lambda: holder["service"].catalog_version())
+    runner = make_runner(engine, ranker, catalog_updater,
+                         lambda: holder["service"].catalog_version())
+    scheduler = BatchScheduler(runner, config.max_batch_size, config.max_wait_ms,
+                               config.max_queue, observer=metrics.observe_batch)
+    service = Service(engine, scheduler, ranker, catalog_updater, tokenizer, config.model_name)
+    holder["service"] = service
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        app.state.draining = True
+        if not scheduler.close(config.drain_timeout_s):
+            log.warning("engine worker still busy after %.0f s of draining",
+                        config.drain_timeout_s)
+
+    app = FastAPI(title="genrec", version="0.1.0", lifespan=lifespan)
+    app.state.service, app.state.scheduler, app.state.metrics = service, scheduler, metrics
+    app.state.draining = False
+    app.state.config = config
+
+    error = _error
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        return error(422, validation_detail(err))
+
+    @app.exception_handler(ApiError)
+    async def _api(_: Request, err: ApiError) -> JSONResponse:
+        return error(err.status_code, err.detail)
+
+    @app.exception_handler(ValueError)
+    async def _value(_: Request, err: ValueError) -> JSONResponse:
+        return error(422, str(err))
+
+    @app.exception_handler(QueueFullError)
+    async def _full(_: Request, err: QueueFullError) -> JSONResponse:
+        metrics.reject("queue_full")
+        return error(503, str(err), {"Retry-After": str(config.retry_after_s)})
+
+    @app.exception_handler(DrainingError)
+    async def _draining(_: Request, err: DrainingError) -> JSONResponse:
+        metrics.reject("draining")
+        return error(503, str(err), {"Retry-After": str(config.retry_after_s)})
+
+    @app.exception_handler(DeadlineExceededError)
+    async def _late(_: Request, err: DeadlineExceededError) -> JSONResponse:
+        metrics.reject("deadline")
+        return error(504, str(err))
+
+    app.add_middleware(_Guard, state=app.state, metrics=metrics, config=config)
+
+    @app.post("/v1/recommend", response_model=S.RecommendResponse)
+    async def recommend(body: S.RecommendBody, request: Request) -> dict:
+        """Top-n catalog items by constrained beam search (``rerank``: then the ranker)."""
+        return await service.recommend(body, _deadline(request, body.deadline_ms))
+
+    @app.post("/v1/rank", response_model=S.RankResponse)
+    async def rank(body: S.RankBody, request: Request) -> dict:
+        """Scores of candidate items by the loaded ranker."""
+        return await service.rank(body, _deadline(request, body.deadline_ms))
+
+    @app.post("/v1/score", response_model=S.ScoreResponse)
+    async def score(body: S.ScoreBody, request: Request) -> dict:
+        """SGLang-compatible label probabilities after query + item."""
+        return await service.score(body, _deadline(request, body.deadline_ms))
+
+    @app.post("/v1/completions", response_model=S.CompletionResponse)
+    async def completions(body: S.CompletionBody, request: Request) -> dict:
+        """OpenAI-compatible completions subset (constrained beam search)."""
+        return await service.complete(body, _deadline(request, body.deadline_ms))
+
+    @app.put("/v1/catalog/items", response_model=S.CatalogResponse)
+    async def upsert_items(body: S.CatalogUpsertBody, request: Request) -> dict:
+        """Add or replace catalog items through the catalog updater."""
+        items = [item.model_dump() for item in body.items]
+        return await service.update_catalog("upsert", items, _deadline(request, None))
+
+    @app.delete("/v1/catalog/items", response_model=S.CatalogResponse)
+    async def retire_items(body: S.CatalogRetireBody, request: Request) -> dict:
+        """Retire catalog items through the catalog updater."""
+        return await service.update_catalog("retire", body.item_ids, _deadline(request, None))
+
+    @app.get("/health")
+    async def health() -> dict:
+        """The process is up."""
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        """The model is loaded and the server is not draining."""
+        if app.state.draining or not scheduler.accepting:
+            return error(503, "draining")
+        return JSONResponse({"status": "ready", "catalog_version": service.catalog_version()})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        """Prometheus metrics."""
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    return app

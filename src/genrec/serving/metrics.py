@@ -1,0 +1,64 @@
+"""Prometheus metrics of the server, in a registry of its own (one per app).
+
+- ``genrec_requests_total{endpoint, status}``: answered requests;
+- ``genrec_request_seconds{endpoint}``: latency histogram (whole request, queue included);
+- ``genrec_batch_size{kind}`` / ``genrec_batch_seconds{kind}``: engine batches;
+- ``genrec_queue_depth``: requests waiting for the engine;
+- ``genrec_catalog_version``: the catalog version being served;
+- ``genrec_rejected_total{reason}``: requests refused for load (queue_full, draining, deadline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                   30.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class ServerMetrics:
+    """The server's metrics; ``render()`` gives the Prometheus text exposition."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, queue_depth: Callable[[], int], catalog_version: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("genrec_requests", "Requests answered, by endpoint and status.",
+                                ["endpoint", "status"], registry=self.registry)
+        self.latency = Histogram("genrec_request_seconds", "Request latency in seconds.",
+                                 ["endpoint"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.batch_size = Histogram("genrec_batch_size", "Requests per engine batch.", ["kind"],
+                                    buckets=BATCH_BUCKETS, registry=self.registry)
+        self.batch_seconds = Histogram("genrec_batch_seconds", "Engine time per batch.",
+                                       ["kind"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.rejected = Counter("genrec_rejected", "Requests refused for load or deadline.",
+                                ["reason"], registry=self.registry)
+        depth = Gauge("genrec_queue_depth", "Requests waiting for the engine.",
+                      registry=self.registry)
+        depth.set_function(lambda: float(queue_depth()))
+        version = Gauge("genrec_catalog_version", "Catalog version being served.",
+                        registry=self.registry)
+        version.set_function(lambda: float(catalog_version()))
+
+    def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
+        """Count one answered request and record its latency."""
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+        self.latency.labels(endpoint=endpoint).observe(seconds)
+
+    def observe_batch(self, group: Hashable, size: int, seconds: float) -> None:
+        """Record one engine batch (``group[0]`` is its kind when the group is a tuple)."""
+        kind = str(group[0] if isinstance(group, tuple) and group else group)
+        self.batch_size.labels(kind=kind).observe(size)
+        self.batch_seconds.labels(kind=kind).observe(seconds)
+
+    def reject(self, reason: str) -> None:
+        """Count a request refused for ``reason``."""
+        self.rejected.labels(reason=reason).inc()
+
+    def render(self) -> bytes:
+        """Prometheus text format."""
+        return generate_latest(self.registry)

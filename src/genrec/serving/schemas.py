@@ -1,0 +1,187 @@
+"""Request and response bodies of the HTTP API (pydantic models).
+
+Bodies are validated strictly: item and token ids must be JSON integers (``true`` or ``1.5``
+are rejected), floats must be finite (``NaN`` and ``Infinity``, which Python's JSON reader
+accepts, are rejected), lists have upper bounds, and unknown fields are errors except in the
+OpenAI/SGLang-compatible bodies, whose clients send extra fields.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+# Upper bounds on list lengths: a request larger than these is rejected before any work.
+MAX_HISTORY = 4096
+MAX_CANDIDATES = 10000
+MAX_FILTER = 1_000_000
+MAX_USER_DIM = 65536
+MAX_TOKENS = 65536
+MAX_LABELS = 1024
+MAX_CATALOG_BATCH = 100_000
+MAX_BEAM = 256
+
+ItemId = Annotated[StrictInt, Field(ge=0)]
+TokenId = Annotated[StrictInt, Field(ge=0)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+UserVector = Annotated[list[Finite], Field(min_length=1, max_length=MAX_USER_DIM)]
+DeadlineMs = Annotated[StrictInt, Field(gt=0, le=3_600_000)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class RecommendBody(_Strict):
+    """``POST /v1/recommend``: top-n catalog items for one user by constrained beam search.
+
+    ``rerank``: retrieve ``beam_width`` items, then order them with the loaded ranker.
+    """
+
+    history: Annotated[list[ItemId], Field(max_length=MAX_HISTORY)]
+    user_vector: UserVector | None = None
+    exclude: Annotated[list[ItemId], Field(max_length=MAX_FILTER)] | None = None
+    allow: Annotated[list[ItemId], Field(max_length=MAX_FILTER)] | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_BEAM)] = 10
+    beam_width: Annotated[StrictInt, Field(ge=1, le=MAX_BEAM)] = 20
+    rerank: bool = False
+    deadline_ms: DeadlineMs | None = None
+
+
+class RecommendResponse(BaseModel):
+    """Items best first, their scores (summed log-probabilities, or ranker scores when
+    reranked), and the catalog version they were computed against."""
+
+    items: list[int]
+    scores: list[float]
+    catalog_version: int
+
+
+class RankBody(_Strict):
+    """``POST /v1/rank``: scores of ``candidates`` for one user, by the loaded ranker."""
+
+    history: Annotated[list[ItemId], Field(max_length=MAX_HISTORY)]
+    candidates: Annotated[list[ItemId], Field(min_length=1, max_length=MAX_CANDIDATES)]
+    user_vector: UserVector | None = None
+    deadline_ms: DeadlineMs | None = None
+
+
+class RankResponse(BaseModel):
+    """One score per candidate, in the request's order (higher is better)."""
+
+    scores: list[float]
+    catalog_version: int
+
+
+TokenList = Annotated[list[TokenId], Field(max_length=MAX_TOKENS)]
+
+
+class ScoreBody(_Lenient):
+    """``POST /v1/score`` (SGLang-compatible): probabilities of ``label_token_ids`` after
+    ``query + item`` (or ``item + query`` with ``item_first``), for each item.
+
+    Token-id inputs always work; text needs the server's ``--tokenizer``. ``query`` and
+    ``items`` must be both text or both token ids.
+    """
+
+    query: Annotated[str, Field(max_length=MAX_TOKENS * 8)] | TokenList = ""
+    items: (Annotated[str, Field(max_length=MAX_TOKENS * 8)]
+            | Annotated[list[Annotated[str, Field(max_length=MAX_TOKENS * 8)]],
+                        Field(max_length=MAX_CANDIDATES)]
+            | Annotated[list[TokenList], Field(max_length=MAX_CANDIDATES)])
+    label_token_ids: Annotated[list[TokenId], Field(min_length=1, max_length=MAX_LABELS)]
+    apply_softmax: bool = False
+    item_first: bool = False
+    model: str | None = None
+    deadline_ms: DeadlineMs | None = None
+
+
+class ScoreResponse(BaseModel):
+    """``scores[i][j]``: probability of label j after item i (SGLang's layout)."""
+
+    scores: list[list[float]]
+    model: str
+    object: Literal["scoring"] = "scoring"
+    usage: dict[str, int]
+    meta_info: dict[str, Any]
+
+
+class CompletionBody(_Lenient):
+    """``POST /v1/completions`` (OpenAI-compatible subset, generative model only).
+
+    Supported: ``use_beam_search: true`` (constrained beam search over the catalog), ``n``
+    choices out of ``best_of`` beams (default ``n``), ``max_tokens`` (None, or at least the
+    Semantic-ID length: one item is generated). ``prompt``: token ids ``[bos, (soft,) sid
+    tokens of the history...]``, or text of Semantic-ID tokens ``"<a_3> <b_1> ..."``.
+    """
+
+    prompt: TokenList | Annotated[str, Field(max_length=MAX_TOKENS * 8)]
+    model: str | None = None
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_BEAM)] = 1
+    best_of: Annotated[StrictInt, Field(ge=1, le=MAX_BEAM)] | None = None
+    use_beam_search: bool = False
+    stream: bool = False
+    user_vector: UserVector | None = None
+    deadline_ms: DeadlineMs | None = None
+
+
+class CompletionChoice(BaseModel):
+    """One generated item: its Semantic-ID tokens as text, its id, its summed log-prob."""
+
+    index: int
+    text: str
+    item_id: int
+    score: float
+    logprobs: dict[str, Any] | None = None
+    finish_reason: str = "length"
+
+
+class CompletionResponse(BaseModel):
+    """OpenAI ``text_completion`` object."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: dict[str, int]
+
+
+class CatalogItem(BaseModel):
+    """One item to add or replace. Fields beyond ``item_id`` are passed to the catalog
+    updater unchanged (its own format: text, Semantic ID, vectors, metadata...)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    item_id: ItemId
+
+
+class CatalogUpsertBody(_Strict):
+    """``PUT /v1/catalog/items``."""
+
+    items: Annotated[list[CatalogItem], Field(min_length=1, max_length=MAX_CATALOG_BATCH)]
+
+
+class CatalogRetireBody(_Strict):
+    """``DELETE /v1/catalog/items``."""
+
+    item_ids: Annotated[list[ItemId], Field(min_length=1, max_length=MAX_CATALOG_BATCH)]
+
+
+class CatalogResponse(BaseModel):
+    """The catalog version after the update and how many items it touched."""
+
+    catalog_version: int
+    count: int
+
+
+class ErrorResponse(BaseModel):
+    """Every error: a message naming the offending field."""
+
+    detail: str

@@ -1,0 +1,284 @@
+"""The endpoints' logic, free of HTTP: each method checks one request alone (so that a bad
+request is refused before it can join a batch), submits it to the batch scheduler and shapes
+the answer. Bad input raises ``ValueError`` naming the body field (HTTP 422); a feature that
+is not available raises :class:`ApiError` (HTTP 400).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from genrec.engine import Engine, RecommendRequest, ScoreRequest
+from genrec.generative.vocab import BOS_ID, SOFT_ID, SidVocab
+from genrec.serving import schemas as S
+from genrec.serving.backends import CatalogUpdater, Ranker, RankRequest
+from genrec.serving.scheduler import BatchScheduler
+
+_SID_TOKEN = re.compile(r"<([a-z])_(\d+)>")
+
+
+class ApiError(Exception):
+    """A request the server cannot serve as configured: HTTP ``status_code`` with ``detail``."""
+
+    def __init__(self, status_code: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status_code, self.detail = status_code, detail
+
+
+class Service:
+    """Engine, optional ranker / catalog updater / tokenizer, and the scheduler they run on."""
+
+    def __init__(self, engine: Engine, scheduler: BatchScheduler, ranker: Ranker | None = None,
+                 catalog_updater: CatalogUpdater | None = None, tokenizer: Any = None,
+                 model_name: str = "genrec") -> None:
+        self.engine, self.scheduler, self.ranker = engine, scheduler, ranker
+        self.catalog_updater, self.tokenizer = catalog_updater, tokenizer
+        self.model_name = model_name
+        self.updater_version: int | None = None
+        self._seq = itertools.count()
+
+    def catalog_version(self) -> int:
+        """The ranker's version, else the last one the updater returned, else the engine's
+        item table's, else 0."""
+        if self.ranker is not None:
+            return int(self.ranker.catalog_version)
+        if self.updater_version is not None:
+            return self.updater_version
+        table = self.engine.item_table
+        return table.version if table is not None else 0
+
+    # -- /v1/recommend -----------------------------------------------------------------------
+
+    def _vocab(self) -> SidVocab:
+        if self.engine.vocab is None:
+            raise ApiError(400, "this model has no Semantic-ID vocabulary (not a generative "
+                                "model): recommend and completions are unavailable")
+        return self.engine.vocab
+
+    def _check_user_vector(self, vector: Sequence[float] | None,
+                           field: str = "user_vector") -> None:
+        dim = self.engine.model.config.user_dim
+        if vector is not None and len(vector) != dim:
+            if dim == 0:
+                raise ValueError(f"{field}: this model takes no user vector")
+            raise ValueError(f"{field}: expected {dim} values, got {len(vector)}")
+
+    def _recommend_request(self, history: list[int], user_vector: list[float] | None,
+                           exclude: list[int] | None = None, allow: list[int] | None = None,
+                           field: str = "history") -> RecommendRequest:
+        n_items = self._vocab().index.num_items
+        for name, items in ((field, history), ("exclude", exclude), ("allow", allow)):
+            ids = torch.as_tensor(items if items is not None else [], dtype=torch.int64)
+            bad = ids[(ids < 0) | (ids >= n_items)]
+            if bad.numel():
+                raise ValueError(f"{name}: unknown item id {int(bad[0])} (catalog has "
+                                 f"0..{n_items - 1})")
+        if not history and user_vector is None:
+            raise ValueError(f"{field}: empty history and no user_vector")
+        self._check_user_vector(user_vector)
+        return RecommendRequest(history=history, user_vector=user_vector, exclude=exclude,
+                                allow=allow)
+
+    async def recommend(self, body: S.RecommendBody, deadline_ms: float | None) -> dict:
+        """Top-n items by constrained beam search, or retrieve-then-rank with ``rerank``."""
+        if body.n > body.beam_width:
+            raise ValueError(f"n: {body.n} must not exceed beam_width ({body.beam_width})")
+        if body.rerank and self.ranker is None:
+            raise ApiError(400, "rerank: no ranker loaded")
+        request = self._recommend_request(body.history, body.user_vector, body.exclude,
+                                          body.allow)
+        n = body.beam_width if body.rerank else body.n
+        rec, version = await self.scheduler.submit(("recommend", body.beam_width, n), request,
+                                                   deadline_ms)
+        if body.rerank:
+            return await self.rerank_retrieved(body, rec.items, deadline_ms)
+        return {"items": rec.items, "scores": rec.scores, "catalog_version": version}
+
+    async def rerank_retrieved(self, body: S.RecommendBody, items: list[int],
+                               deadline_ms: float | None) -> dict:
+        """Rerank hook: order the retrieved ``items`` by the ranker's scores, keep ``body.n``."""
+        if not items:
+            return {"items": [], "scores": [], "catalog_version": self.catalog_version()}
+        request = RankRequest(history=body.history, candidates=items,
+                              user_vector=body.user_vector)
+        scores, version = await self.scheduler.submit(("rank",), request, deadline_ms)
+        values = torch.as_tensor(scores, dtype=torch.float32).reshape(-1)
+        top = torch.argsort(values, descending=True, stable=True)[: body.n].tolist()
+        return {"items": [items[i] for i in top], "scores": [float(values[i]) for i in top],
+                "catalog_version": version}
+
+    # -- /v1/rank ----------------------------------------------------------------------------
+
+    async def rank(self, body: S.RankBody, deadline_ms: float | None) -> dict:
+        """Scores of the candidates by the ranker (one batched ``rank`` call per batch)."""
+        if self.ranker is None:
+            raise ApiError(400, "no ranker loaded")
+        request = RankRequest(history=body.history, candidates=body.candidates,
+                              user_vector=body.user_vector)
+        scores, version = await self.scheduler.submit(("rank",), request, deadline_ms)
+        values = torch.as_tensor(scores, dtype=torch.float32).reshape(-1).tolist()
+        if len(values) != len(body.candidates):
+            raise RuntimeError(f"ranker returned {len(values)} scores for "
+                               f"{len(body.candidates)} candidates")
+        return {"scores": values, "catalog_version": version}
+
+    # -- /v1/score ---------------------------------------------------------------------------
+
+    def _tokens(self, text: str, field: str, special: bool) -> list[int]:
+        if self.tokenizer is None:
+            raise ApiError(400, f"{field}: text input needs a tokenizer (start the server with "
+                                f"--tokenizer DIR), or send token ids")
+        return list(self.tokenizer.encode(text, add_special_tokens=special))
+
+    def _check_ids(self, ids: list[int], field: str) -> None:
+        engine = self.engine
+        limit = engine.model.config.vocab_size
+        if engine.item_table is not None:
+            limit += engine.item_table.num_rows
+        bad = [t for t in ids if t >= limit]
+        if bad:
+            raise ValueError(f"{field}: token id {bad[0]} is out of range (0..{limit - 1})")
+
+    def score_requests(self, body: S.ScoreBody) -> tuple[list[ScoreRequest], bool, int]:
+        """The engine requests of a score body, whether they share the query as prefix, and
+        the number of prompt tokens."""
+        items = [body.items] if isinstance(body.items, str) else list(body.items)
+        text_query = isinstance(body.query, str) and body.query != ""
+        text_items = any(isinstance(i, str) for i in items)
+        if text_query and items and not text_items:
+            raise ValueError("query: query is text but items are token ids (give both as text "
+                             "or both as token ids)")
+        query = (self._tokens(body.query, "query", not body.item_first) if text_query
+                 else list(body.query or []))
+        if text_items:
+            items = [self._tokens(t, f"items[{i}]", body.item_first) for i, t in enumerate(items)]
+        vocab_size = self.engine.model.config.vocab_size
+        bad = [t for t in body.label_token_ids if t >= vocab_size]
+        if bad:
+            raise ValueError(f"label_token_ids: {bad[0]} is not a text token "
+                             f"(0..{vocab_size - 1})")
+        self._check_ids(query, "query")
+        max_pos = self.engine.model.config.max_position_embeddings
+        for i, item in enumerate(items):
+            self._check_ids(item, f"items[{i}]")
+            if len(query) + len(item) > max_pos:
+                raise ValueError(f"items[{i}]: query + item ({len(query) + len(item)} tokens) "
+                                 f"exceed the model's {max_pos} positions")
+        n_tokens = len(query) + sum(len(i) for i in items)
+        if not items:
+            return [], False, 0
+        if query and not body.item_first and all(items):
+            return [ScoreRequest(prefix=query, candidates=items)], True, n_tokens
+        requests = []  # no shared prefix: each sequence alone, scored at its last token
+        for i, item in enumerate(items):
+            seq = item + query if body.item_first else query + item
+            if not seq:
+                raise ValueError(f"items[{i}]: empty item and empty query")
+            requests.append(ScoreRequest(prefix=seq[:-1], candidates=[seq[-1:]]))
+        return requests, False, n_tokens + (len(query) * (len(items) - 1))
+
+    async def score(self, body: S.ScoreBody, deadline_ms: float | None) -> dict:
+        """SGLang ``/v1/score``: label probabilities (or softmax over the labels) per item."""
+        requests, shared, n_tokens = self.score_requests(body)
+        scores: list[list[float]] = []
+        if requests:
+            group = ("score", tuple(body.label_token_ids), body.apply_softmax)
+            result, _ = await self.scheduler.submit(group, requests, deadline_ms)
+            values = torch.cat(result, dim=0)
+            scores = (values if body.apply_softmax else values.exp()).tolist()
+        return {"scores": scores, "model": body.model or self.model_name,
+                "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
+                "meta_info": {"prompt_tokens": n_tokens, "num_items": len(scores),
+                              "shared_prefix": shared, "catalog_version": self.catalog_version()}}
+
+    # -- /v1/completions ---------------------------------------------------------------------
+
+    def parse_prompt(self, prompt: list[int] | str, user_vector: list[float] | None
+                     ) -> list[int]:
+        """History item ids of a completion prompt (token ids ``bos [soft] sid...`` or text of
+        Semantic-ID tokens)."""
+        vocab = self._vocab()
+        levels = vocab.num_levels
+        if isinstance(prompt, str):
+            found = _SID_TOKEN.findall(prompt)
+            if _SID_TOKEN.sub("", prompt).strip():
+                raise ValueError("prompt: text prompts must be Semantic-ID tokens like "
+                                 "'<a_3> <b_1> <c_7>'")
+            codes = []
+            for k, (letter, code) in enumerate(found):
+                if ord(letter) - ord("a") != k % levels:
+                    raise ValueError(f"prompt: token {k} <{letter}_{code}> is out of order "
+                                     f"(expected level {chr(ord('a') + k % levels)})")
+                codes.append(int(code))
+            if len(codes) % levels:
+                raise ValueError(f"prompt: {len(codes)} tokens is not a whole number of "
+                                 f"{levels}-token Semantic IDs")
+            grid = torch.tensor(codes, dtype=torch.int64).reshape(-1, levels)
+            items = vocab.index.codes_to_items(grid) if codes else torch.zeros(0)
+        else:
+            if not prompt or prompt[0] != BOS_ID:
+                raise ValueError(f"prompt: must start with the BOS token id {BOS_ID}")
+            soft = len(prompt) > 1 and prompt[1] == SOFT_ID
+            if soft != (user_vector is not None):
+                raise ValueError("prompt: the soft token (id 1) and user_vector go together"
+                                 if soft else "user_vector: the prompt has no soft token (id 1)")
+            body = prompt[2 if soft else 1:]
+            if len(body) % levels:
+                raise ValueError(f"prompt: {len(body)} tokens after the header is not a whole "
+                                 f"number of {levels}-token Semantic IDs")
+            grid = torch.tensor(body, dtype=torch.int64).reshape(-1, levels)
+            items = vocab.index.tokens_to_items(grid, vocab.base) if body else torch.zeros(0)
+        missing = (items < 0).nonzero().flatten().tolist()
+        if missing:
+            raise ValueError(f"prompt: Semantic ID {missing[0]} is not a catalog item")
+        return [int(i) for i in items.tolist()]
+
+    def item_text(self, item: int) -> str:
+        """An item's Semantic-ID tokens as text: ``"<a_3> <b_1> <c_7>"``."""
+        codes = self._vocab().index.codes[item].tolist()
+        return " ".join(f"<{chr(ord('a') + level)}_{c}>" for level, c in enumerate(codes))
+
+    async def complete(self, body: S.CompletionBody, deadline_ms: float | None) -> dict:
+        """OpenAI completions subset: beam search only, one catalog item per choice."""
+        if body.stream:
+            raise ApiError(400, "stream: streaming is not supported")
+        if not body.use_beam_search:
+            raise ApiError(400, "use_beam_search: only constrained beam search is supported "
+                                "(set use_beam_search: true); sampling is not")
+        levels = self._vocab().num_levels
+        best_of = body.best_of if body.best_of is not None else body.n
+        if body.n > best_of:
+            raise ValueError(f"n: {body.n} must not exceed best_of ({best_of})")
+        if body.max_tokens is not None and body.max_tokens < levels:
+            raise ValueError(f"max_tokens: one item takes {levels} tokens, got {body.max_tokens}")
+        history = self.parse_prompt(body.prompt, body.user_vector)
+        request = self._recommend_request(history, body.user_vector, field="prompt")
+        rec, _ = await self.scheduler.submit(("recommend", best_of, body.n), request,
+                                             deadline_ms)
+        choices = [{"index": k, "text": self.item_text(item), "item_id": item, "score": score,
+                    "logprobs": None, "finish_reason": "length"}
+                   for k, (item, score) in enumerate(zip(rec.items, rec.scores, strict=True))]
+        n_prompt = len(body.prompt) if isinstance(body.prompt, list) else len(history) * levels
+        n_out = levels * len(choices)
+        return {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()),
+                "model": body.model or self.model_name, "choices": choices,
+                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out,
+                          "total_tokens": n_prompt + n_out}}
+
+    # -- /v1/catalog/items -------------------------------------------------------------------
+
+    async def update_catalog(self, op: str, payload: list, deadline_ms: float | None) -> dict:
+        """``op`` 'upsert' (item dicts) or 'retire' (item ids), run on the engine's worker
+        thread between batches, so no batch sees a half-updated catalog."""
+        if self.catalog_updater is None:
+            raise ApiError(400, "no catalog updater")
+        version = await self.scheduler.submit((op, next(self._seq)), payload, deadline_ms)
+        self.updater_version = int(version)
+        return {"catalog_version": int(version), "count": len(payload)}
