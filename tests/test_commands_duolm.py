@@ -25,9 +25,11 @@ def test_teacher_student_store_eval(tmp_path: Path) -> None:
 
     student = tmp_path / "student"
     out = invoke("train", "duolm", "--data", data, "--out", student, "--teacher", teacher,
-                 "--backend", "decoder", "--max-text-tokens", "8", "--epochs", "2", *TINY)
+                 "--backend", "decoder", "--max-text-tokens", "8", "--epochs", "2",
+                 "--user-vectors", "svd", "--user-dim", "4", *TINY)
     assert "epochs 2" in out
     assert (student / "best" / "item_encoder" / "encoder_config.json").is_file()
+    assert (student / "best" / "user_vectors.npy").is_file()  # the soft token's vectors
 
     store = tmp_path / "store"
     for version in (1, 2):

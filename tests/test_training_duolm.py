@@ -3,6 +3,7 @@ distillation loss, deterministic batches, checkpoints with resume."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,10 @@ from genrec.training.loop import LoopConfig, fit
 N_ITEMS, K, HIDDEN = 24, 2, 16
 
 
-def make_student(seed: int = 0) -> tuple[DuoModel, ItemFeatures]:
+def make_student(seed: int = 0, user_dim: int = 0) -> tuple[DuoModel, ItemFeatures]:
     torch.manual_seed(seed)
-    ranker = build_model(ranker_config(STUDENT_VOCAB_SIZE, HIDDEN, 1, 2, 1, 128))
+    cfg = ranker_config(STUDENT_VOCAB_SIZE, HIDDEN, 1, 2, 1, 128)
+    ranker = build_model(dataclasses.replace(cfg, user_dim=user_dim))
     init_weights(ranker, std=0.2)
     encoder = ItemEncoder(EncoderConfig(backend="minilm", k=K, hidden_size=HIDDEN,
                                         feature_dim=12, inner_size=16))
@@ -57,6 +59,20 @@ def test_training_scores_equal_engine_scores() -> None:
     served = torch.stack(rank([RankRequest(ex.history, c)
                                for ex, c in zip(batch.examples, batch.candidates, strict=True)]))
     torch.testing.assert_close(train.detach(), served, atol=1e-4, rtol=0)
+
+
+def test_soft_token_scores_equal_engine_scores() -> None:
+    model, feats = make_student(user_dim=3)
+    vectors = torch.randn(20, 3)
+    task = make_task(feats, user_vectors=vectors)
+    batch = task.batches(0)[0]
+    train = task.scores(model, batch)
+    served = torch.stack(task.rank_fn(model)([
+        RankRequest(ex.history, c, vectors[ex.user])
+        for ex, c in zip(batch.examples, batch.candidates, strict=True)]))
+    torch.testing.assert_close(train.detach(), served, atol=1e-4, rtol=0)
+    other = make_task(feats, user_vectors=torch.randn(20, 3)).scores(model, batch)
+    assert not torch.allclose(other, train)  # the user vector matters
 
 
 def test_gradients_reach_encoder_and_ranker() -> None:

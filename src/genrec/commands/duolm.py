@@ -177,6 +177,9 @@ def train_duolm(
     k: Annotated[int, typer.Option(min=1, help="Vectors per item.")] = 2,
     max_text_tokens: int = 128,
     hidden: Hidden = 128, layers: int = 2, heads: int = 4, kv_heads: int = 2,
+    user_vectors: Annotated[str, typer.Option(
+        help="Soft token: svd | none | FILE (.npy/.safetensors, one row per user).")] = "none",
+    user_dim: Annotated[int, typer.Option(min=1, help="SVD user-vector size.")] = 64,
     max_history: Annotated[int, typer.Option(min=1)] = 20,
     negatives: Annotated[int, typer.Option(min=1)] = 15,
     users_per_step: Annotated[int, typer.Option(min=1)] = 32,
@@ -191,6 +194,8 @@ def train_duolm(
 ) -> None:
     """Train the DuoLM student: item encoder + virtual-token ranker, end to end, on next-item
     labels plus distillation from the teacher's scores."""
+    import dataclasses
+
     import torch
 
     from genrec.duolm.encoder import EncoderConfig, ItemEncoder
@@ -199,6 +204,7 @@ def train_duolm(
     from genrec.model.registry import build_model
     from genrec.training.duolm import DuoModel, RankingTask, ranker_config
     from genrec.training.generative import init_weights
+    from genrec.training.user_vectors import resolve_user_vectors
 
     dev = resolve_device(device, threads)
     args = {k_: str(v) if isinstance(v, Path) else v for k_, v in locals().items()
@@ -210,8 +216,14 @@ def train_duolm(
                                 max_text_tokens=max_text_tokens)
         out.mkdir(parents=True, exist_ok=True)
         features = catalog_features(enc_cfg, ds, out / FEATURES_FILE, progress)
-        ranker = build_model(ranker_config(STUDENT_VOCAB_SIZE, hidden, layers, heads,
-                                            kv_heads, 4 + max_history * (k + 1) + k))
+        sp, val, val_cands = _val_split(ds, max_history, val_users, val_negatives, seed)
+        # SVD vectors use each user's training part only (see compute_user_vectors)
+        vectors = resolve_user_vectors(user_vectors, ds.sequences, ds.num_items, user_dim, seed)
+        cfg = ranker_config(STUDENT_VOCAB_SIZE, hidden, layers, heads, kv_heads,
+                            4 + max_history * (k + 1) + k)
+        if vectors is not None:
+            cfg = dataclasses.replace(cfg, user_dim=int(vectors.shape[1]))
+        ranker = build_model(cfg)
         init_weights(ranker)
         model = DuoModel(ranker, ItemEncoder(enc_cfg))
         teacher_ranker = None
@@ -220,13 +232,14 @@ def train_duolm(
                 else teacher
             teacher_ranker = TeacherRanker.from_pretrained(folder, _item_text(ds), ds.num_items,
                                                            device=dev)
-        sp, val, val_cands = _val_split(ds, max_history, val_users, val_negatives, seed)
         meta = {"kind": "student", "max_history": max_history, "k": k, "backend": backend,
-                "teacher": str(teacher) if teacher else None, "distill_weight": distill_weight}
+                "teacher": str(teacher) if teacher else None, "distill_weight": distill_weight,
+                "user_vectors": Path(user_vectors).name}
         task = RankingTask(StudentPrompts(k, STUDENT_VOCAB_SIZE, max_history),
                            _sample(sp.train, max_examples, seed), ds.num_items, meta, features,
                            negatives, users_per_step, seed, val, val_cands, teacher_ranker,
-                           distill_weight if teacher_ranker else 0.0, temperature, progress)
+                           distill_weight if teacher_ranker else 0.0, temperature, progress,
+                           vectors, ds.user_ids)
         _train(task, model, out, epochs, lr, patience, seed, resume, progress, dev, args)
     except _INPUT_ERRORS as err:
         raise _fail(err) from None
@@ -277,6 +290,7 @@ def eval_rankers(
 
     from genrec.duolm.ranker import DuoRanker, RankRequest, TeacherRanker, read_meta
     from genrec.evaluation.ranking import evaluate_ranking
+    from genrec.training.user_vectors import load_saved_user_vectors
     from genrec.utils.atomic import atomic_write_json
 
     dev = resolve_device(device, threads)
@@ -297,8 +311,13 @@ def eval_rankers(
         for name, ranker in rankers.items():
             start = time.perf_counter()
 
-            def score(e, c, r=ranker):  # noqa: ANN001, ANN202
-                return r.rank([RankRequest(x.history, y) for x, y in zip(e, c, strict=True)])
+            vectors = None
+            if name == "student" and ranker.engine.model.config.user_dim:
+                vectors = load_saved_user_vectors(_folder(model), ds.user_ids)
+
+            def score(e, c, r=ranker, v=vectors):  # noqa: ANN001, ANN202
+                return r.rank([RankRequest(x.history, y, None if v is None else v[x.user])
+                               for x, y in zip(e, c, strict=True)])
 
             results[name] = evaluate_ranking(score, exs, cands, progress=progress)
             results[name]["seconds"] = time.perf_counter() - start

@@ -110,6 +110,7 @@ class RankingTask:
         val_examples: Sequence[Example] = (), val_candidates: Sequence[list[int]] = (),
         teacher: TeacherRanker | None = None, distill_weight: float = 0.5,
         temperature: float = 1.0, progress: bool = False,
+        user_vectors: torch.Tensor | None = None, user_ids: Sequence[str] | None = None,
     ) -> None:
         if not examples:
             raise ValueError("examples: no training examples")
@@ -126,6 +127,7 @@ class RankingTask:
         self.val_examples, self.val_candidates = list(val_examples), list(val_candidates)
         self.teacher, self.distill_weight = teacher, distill_weight
         self.temperature, self.progress = temperature, progress
+        self.user_vectors, self.user_ids = user_vectors, user_ids
 
     def num_batches(self, epoch: int) -> int:
         return -(-len(self.examples) // self.users_per_step)
@@ -144,13 +146,19 @@ class RankingTask:
             out.append(RankingBatch(exs, cands))
         return out
 
+    def user_vector(self, ex: Example) -> torch.Tensor | None:
+        """The soft token's user vector of an example (None without soft tokens)."""
+        return None if self.user_vectors is None else self.user_vectors[ex.user]
+
     def scores(self, model: nn.Module, batch: RankingBatch) -> torch.Tensor:
         """Training scores [B, 1 + negatives] (differentiable)."""
+        soft = self.user_vectors is not None
+        users = [self.user_vector(ex) for ex in batch.examples]
         if not self.student:
             p = self.prompts
-            return branch_scores(model, [p.prefix(ex.history) for ex in batch.examples],
+            return branch_scores(model, [p.prefix(ex.history, soft) for ex in batch.examples],
                                  [[p.candidate(c) for c in cs] for cs in batch.candidates],
-                                 p.yes_id)
+                                 p.yes_id, None, p.soft_id, users)
         assert isinstance(model, DuoModel) and self.features is not None
         items = sorted({i for ex in batch.examples for i in ex.history}
                        | {c for cs in batch.candidates for c in cs})
@@ -159,9 +167,10 @@ class RankingTask:
         p = StudentPrompts(table.tokens_per_item, model.ranker.config.vocab_size,
                            self.prompts.max_history)
         return branch_scores(model.ranker,
-                             [p.prefix([local[h] for h in ex.history]) for ex in batch.examples],
+                             [p.prefix([local[h] for h in ex.history], soft)
+                              for ex in batch.examples],
                              [[p.candidate(local[c]) for c in cs] for cs in batch.candidates],
-                             YES_ID, table, SOFT_ID)
+                             YES_ID, table, SOFT_ID, users)
 
     def loss(self, model: nn.Module, batch: RankingBatch) -> tuple[torch.Tensor, int]:
         s = self.scores(model, batch)
@@ -184,7 +193,8 @@ class RankingTask:
         rank = self.rank_fn(model)
 
         def score(exs: Sequence[Example], cands: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-            return rank([RankRequest(ex.history, c) for ex, c in zip(exs, cands, strict=True)])
+            return rank([RankRequest(ex.history, c, self.user_vector(ex))
+                         for ex, c in zip(exs, cands, strict=True)])
 
         return evaluate_ranking(score, self.val_examples, self.val_candidates,
                                 progress=self.progress)
@@ -204,7 +214,14 @@ class RankingTask:
         return lambda reqs: rank_requests(engine, p, reqs, YES_ID, self.num_items, table)
 
     def save_extra(self, directory: Path) -> None:
+        """``duolm.json`` (and the user vectors, when used) beside the weights."""
+        from genrec.training.user_vectors import save_user_vectors
+
         atomic_write_json(Path(directory) / META_FILE, self.meta)
+        if self.user_vectors is not None:
+            users = self.user_ids or [str(u) for u in range(self.user_vectors.shape[0])]
+            save_user_vectors(directory, self.user_vectors, str(self.meta.get("user_vectors")),
+                              users)
 
 
 
