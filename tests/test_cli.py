@@ -37,6 +37,12 @@ def test_help_lists_commands() -> None:
         assert sub.exit_code == 0, sub.output
 
 
+def test_demo_help_shows_serving_options() -> None:
+    result = runner.invoke(app, ["demo", "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "--no-serve" in result.output and "--port" in result.output
+
+
 def test_parse_helpers() -> None:
     assert parse_ids(" 1, 2,3 ", "x") == [1, 2, 3]
     assert parse_candidates("4,5;6") == [[4, 5], [6]]

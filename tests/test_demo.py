@@ -1,25 +1,22 @@
-"""The demo: synthetic data generator, tiny training, metrics, and a shortened main job."""
+"""The demo: synthetic data and its Semantic IDs, tiny training, metrics, and a shortened main
+job that serves its model over HTTP."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import socket
+import threading
 
 import numpy as np
 import pytest
 import torch
 
-from genrec.demo import SyntheticConfig, TrainConfig, generate, run_demo
-from genrec.demo.evaluate import rank_of_positive, sample_candidates, user_prefix
-from genrec.demo.synthetic import (
-    BOS,
-    ITEM_OFFSET,
-    item_token,
-    popularity,
-    sample_negatives,
-    split_users,
-    token_item,
-)
+from genrec.demo import DemoResult, SyntheticConfig, TrainConfig, generate, run_demo
+from genrec.demo.evaluate import heldout_request, popularity_top, quality
+from genrec.demo.serving import check_port, serve_until_interrupted, start_server
+from genrec.demo.synthetic import popularity, semantic_index, split_users
 from genrec.demo.train import pack_batch, sequence_loss, tiny_config, train_model
+from genrec.engine import BeamParams, Engine
+from genrec.generative.vocab import BOS_ID, SidVocab
 
 SMALL = SyntheticConfig(num_items=60, num_clusters=6, num_users=300, min_len=5, max_len=10)
 
@@ -57,72 +54,120 @@ def test_generate_rejects_bad_config() -> None:
         generate(SyntheticConfig(min_len=1))
 
 
-def test_tokens_split_popularity_negatives() -> None:
-    assert item_token(0) == ITEM_OFFSET and token_item(item_token(7)) == 7
-    assert token_item(BOS) == -1
+def test_semantic_index_is_cluster_then_rank() -> None:
+    data = generate(SyntheticConfig(num_items=25, num_clusters=4, num_users=10))
+    index = semantic_index(data)
+    assert index.codebook_sizes == [4, 7]  # clusters of 7, 6, 6 and 6 items
+    assert index.codes[:, 0].tolist() == data.item_cluster.tolist()
+    for c in range(4):
+        assert index.codes[data.cluster_items(c), 1].tolist() == list(range(len(
+            data.cluster_items(c))))
+    index.validate()  # every item has its own ID
+    vocab = SidVocab(index, max_history=20)
+    base = vocab.base
+    assert vocab.item_tokens([8]).tolist() == [[base + 1, base + 4 + 1]]  # cluster 1, rank 1
+    assert vocab.prompt([8, 0]) == [BOS_ID, base + 1, base + 4 + 1, base, base + 4]
+
+
+def test_split_and_popularity_baseline() -> None:
     data = generate(SMALL)
     train, held = split_users(data, 50)
     assert len(held) == 50 and not set(train) & set(held)
     assert sorted(train + held) == list(range(300))
     counts = popularity(data, train)
     assert counts.sum() == sum(len(data.sequences[u]) for u in train)
-    rng = np.random.default_rng(0)
-    negs = sample_negatives(rng, 60, [1, 2, 3], 57)
-    assert len(set(negs)) == 57 and not {1, 2, 3} & set(negs)
-    with pytest.raises(ValueError):
-        sample_negatives(rng, 60, [1, 2, 3], 58)
+    assert popularity_top(np.array([5, 9, 9, 1, 7]), [1], 3) == [2, 4, 0]
+    request = heldout_request(data, held[0])
+    assert list(request.history) == data.sequences[held[0]][:-1]
+    assert list(request.exclude) == list(request.history)
 
 
-def test_rank_of_positive_ties() -> None:
-    assert rank_of_positive(1.0, [0.0, 0.5]) == 0
-    assert rank_of_positive(0.0, [1.0, 0.0, -1.0]) == 1.5
-
-
-def test_sample_candidates() -> None:
-    data = generate(SMALL)
-    cands, target = sample_candidates(data, 0, 12)
-    seq = data.sequences[0]
-    assert target == seq[-1] and target in cands
-    assert len(cands) == len(set(cands)) == 12
-    assert not set(cands) & set(seq[:-1])
+def test_quality() -> None:
+    q = quality([[3, 1], [2, 4], [5]], [1, 9, 5], k=2)
+    assert q.recall == pytest.approx(2 / 3) and q.num_users == 3 and q.k == 2
+    assert q.ndcg == pytest.approx((1 / np.log2(3) + 1.0) / 3)
 
 
 def test_pack_batch_targets() -> None:
-    ids, targets, lengths = pack_batch([[1, 5, 6], [1, 7]])
-    assert ids.tolist() == [1, 5, 6, 1, 7]
+    ids, targets, lengths = pack_batch([[0, 5, 6], [0, 7]])
+    assert ids.tolist() == [0, 5, 6, 0, 7]
     assert targets.tolist() == [5, 6, -100, 7, -100]
     assert lengths == [3, 2]
 
 
 def test_training_lowers_loss() -> None:
     data = generate(SMALL)
-    seqs = [user_prefix(s) for s in data.sequences]
-    model, losses = train_model(tiny_config(SMALL.vocab_size), seqs,
+    vocab = SidVocab(semantic_index(data))
+    seqs = [vocab.prompt(s) for s in data.sequences]
+    model, losses = train_model(tiny_config(vocab.vocab_size), seqs,
                                 TrainConfig(steps=30, batch_size=32), progress=False)
     assert len(losses) == 30 and not model.training
     with torch.no_grad():
         assert sequence_loss(model, seqs[:50]).item() < losses[0] - 0.5
 
 
-def test_short_demo_beats_chance_and_popularity(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def short_demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[DemoResult, list[str]]:
     lines: list[str] = []
     threads = torch.get_num_threads()
     result = run_demo(
-        tmp_path / "ckpt", SyntheticConfig(num_users=600, seed=0),
-        TrainConfig(steps=40, batch_size=32, seed=0), num_heldout=100, num_candidates=20,
-        progress=False, echo=lines.append,
+        tmp_path_factory.mktemp("demo") / "ckpt", SyntheticConfig(num_users=600, seed=0),
+        TrainConfig(steps=40, batch_size=32, seed=0), num_heldout=100, progress=False,
+        echo=lines.append, serve=False,
     )
     assert torch.get_num_threads() == threads  # restored
-    assert (tmp_path / "ckpt" / "config.json").is_file()
-    assert (tmp_path / "ckpt" / "model.safetensors").is_file()
+    return result, lines
+
+
+def test_short_demo_beats_popularity(short_demo: tuple[DemoResult, list[str]]) -> None:
+    result, lines = short_demo
+    for name in ("config.json", "model.safetensors", "sid_vocab.json", "semantic_index.json"):
+        assert (result.out_dir / name).is_file(), name
+    vocab = SidVocab.load(result.out_dir)  # what Engine.from_pretrained and `genrec serve` read
+    assert vocab.num_levels == 2 and vocab.max_history == 20
     assert result.reload_max_diff < 1e-5
-    assert result.model.num_users == 100 and result.model.num_negatives == 99
-    assert result.chance_hit_rate == pytest.approx(0.1)
-    # Seeded; across seeds 0-3 this budget gives 0.86-0.97 against a popularity of 0.12-0.17.
-    assert result.model.hit_rate > 0.5
-    assert result.model.hit_rate > result.popularity.hit_rate + 0.25
-    scores = [s for _, s in result.sample_ranking]
-    assert len(scores) == 20 and scores == sorted(scores, reverse=True)
-    assert result.sample_target in [item for item, _ in result.sample_ranking]
+    assert result.model.num_users == 100 and result.model.k == 10
+    # Seeded; across seeds 0-3 this budget gives Recall@10 0.72-0.85 against 0.07-0.09.
+    assert result.model.recall > 0.5
+    assert result.model.recall > result.popularity.recall + 0.4
     text = "\n".join(lines)
-    assert "HitRate@10" in text and "popularity baseline" in text and "time:" in text
+    assert "Recall@10" in text and "popularity" in text and "time:" in text
+    assert "POST http://127.0.0.1:" in text and "genrec serve --model" in text
+    assert "serving on" not in text  # serve=False: no waiting
+
+
+def test_http_answer_equals_engine_recommend(short_demo: tuple[DemoResult, list[str]]) -> None:
+    result, _ = short_demo
+    engine = Engine.from_pretrained(result.out_dir)
+    assert engine.vocab is not None  # a generative engine
+    data = generate(SyntheticConfig(num_users=600, seed=0))
+    request = heldout_request(data, result.sample_user)
+    assert result.request["history"] == list(request.history)
+    assert result.sample_target == data.sequences[result.sample_user][-1]
+    expected = engine.recommend([request], BeamParams(beam_width=20, n=10))[0]
+    assert result.answer["items"] == expected.items and len(expected.items) == 10
+    assert result.answer["scores"] == pytest.approx(expected.scores, abs=1e-6)
+    assert not set(expected.items) & set(request.history)
+
+
+def test_serve_until_interrupted_stops(short_demo: tuple[DemoResult, list[str]]) -> None:
+    engine = Engine.from_pretrained(short_demo[0].out_dir)
+    server = start_server(engine)
+    lines: list[str] = []
+    threading.Timer(0.2, server.stop).start()  # as the server ending on its own
+    serve_until_interrupted(server, lines.append)
+    assert lines == [f"\nserving on {server.url} (Ctrl-C to stop)"]
+    assert not server.thread.is_alive()
+
+
+
+def test_busy_port_fails_before_training() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(OSError, match=f"port {port}"):
+            check_port(port)
+        with pytest.raises(OSError):
+            run_demo(port=port, serve=False, echo=lambda _: None)  # raises before any work
+    check_port(None)

@@ -48,17 +48,26 @@ def demo(
         Path | None,
         typer.Option(help="Checkpoint directory (default: ~/.cache/genrec/demo)."),
     ] = None,
-    steps: Annotated[int | None, typer.Option(min=1, help="Training steps (default 500).")] = None,
+    steps: Annotated[int | None, typer.Option(min=1, help="Training steps (default 300).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of data, training and evaluation.")] = 0,
     progress: Annotated[bool, typer.Option(help="Show the training progress bar.")] = True,
     threads: Annotated[int, typer.Option(min=1, help="Torch intra-op threads.")] = 1,
+    serve: Annotated[bool, typer.Option(help="Keep serving after the printout, until "
+                                             "Ctrl-C (--no-serve: stop).")] = True,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Server port on 127.0.0.1 "
+                                                             "(0: a free one).")] = 0,
 ) -> None:
-    """Main job: train a tiny Qwen3 recommender on synthetic data, then score with the engine."""
+    """Main job: nothing -> a running recommender. Trains a tiny generative-retrieval model
+    on synthetic data, starts genrec's server and shows a real /v1/recommend answer."""
     from genrec.demo import SyntheticConfig, TrainConfig, run_demo
 
     train = TrainConfig(seed=seed) if steps is None else TrainConfig(steps=steps, seed=seed)
-    run_demo(out, SyntheticConfig(seed=seed), train, progress=progress, echo=typer.echo,
-             num_threads=threads)
+    try:
+        run_demo(out, SyntheticConfig(seed=seed), train, progress=progress, echo=typer.echo,
+                 num_threads=threads, serve=serve, port=port)
+    except (OSError, RuntimeError) as err:  # port in use, unwritable --out, failed request
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=1) from None
 
 
 @app.command()

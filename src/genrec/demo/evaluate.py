@@ -1,88 +1,75 @@
-"""Sampled-negative ranking metrics of the engine and of a popularity baseline."""
+"""Full-catalog quality of the engine's generative retrieval and of a popularity baseline.
+
+Each held-out user's last item is the target; the rest is the history. The engine recommends
+by constrained beam search over every catalog item (``Engine.recommend``), the history
+excluded; the baseline recommends the most popular items the user has not seen.
+"""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-from genrec.demo.synthetic import BOS, SyntheticData, item_token, sample_negatives
-from genrec.engine import Engine, ScoreParams
-
-LOGLIK = ScoreParams(mode="loglik")
-
-
-def user_prefix(items: Sequence[int]) -> list[int]:
-    """The prompt of a user: ``BOS`` then one token per history item."""
-    return [BOS] + [item_token(i) for i in items]
+from genrec.demo.synthetic import SyntheticData
+from genrec.engine import BeamParams, Engine, Recommendation, RecommendRequest
+from genrec.evaluation.metrics import ndcg_at_k, recall_at_k, target_ranks
 
 
-def score_items(engine: Engine, history: Sequence[int], items: Sequence[int]) -> list[float]:
-    """log p(item | history) of each item, in one request (the prefix computed once)."""
-    scores = engine.score(user_prefix(history), [[item_token(i)] for i in items], LOGLIK)
-    return scores.tolist()
+def heldout_request(data: SyntheticData, user: int) -> RecommendRequest:
+    """The request of a held-out user: all but the last item as history, history excluded."""
+    history = list(data.sequences[user][:-1])
+    return RecommendRequest(history=history, exclude=history)
 
 
-def rank_of_positive(pos: float, negs: Sequence[float]) -> float:
-    """0-based rank of the positive among the negatives; ties count half (random tie-break)."""
-    negs_arr = np.asarray(negs, dtype=np.float64)
-    return float((negs_arr > pos).sum() + 0.5 * (negs_arr == pos).sum())
+def recommend_all(
+    engine: Engine, requests: Sequence[RecommendRequest], params: BeamParams,
+    batch_size: int = 100,
+) -> list[Recommendation]:
+    """``Engine.recommend`` over ``requests`` in batches of ``batch_size``."""
+    out: list[Recommendation] = []
+    for start in range(0, len(requests), batch_size):
+        out.extend(engine.recommend(requests[start : start + batch_size], params))
+    return out
+
+
+def popularity_top(counts: np.ndarray, history: Sequence[int], n: int) -> list[int]:
+    """The ``n`` most popular items not in ``history`` (ties: lower item id first)."""
+    seen = set(history)
+    order = np.argsort(-counts, kind="stable")
+    return [int(i) for i in order[: n + len(seen)] if int(i) not in seen][:n]
 
 
 @dataclass
-class RankingMetrics:
-    """Hit rate and NDCG at ``k`` over ``num_users`` users, 1 positive + ``num_negatives``."""
+class Quality:
+    """Recall@k and NDCG@k over ``num_users`` users, one held-out target each."""
 
-    hit_rate: float
+    recall: float
     ndcg: float
     num_users: int
     k: int
-    num_negatives: int
 
 
-def _metrics(ranks: list[float], k: int, num_negatives: int) -> RankingMetrics:
-    hits = [r < k for r in ranks]
-    gains = [1.0 / math.log2(r + 2.0) if r < k else 0.0 for r in ranks]
-    return RankingMetrics(
-        hit_rate=float(np.mean(hits)), ndcg=float(np.mean(gains)), num_users=len(ranks), k=k,
-        num_negatives=num_negatives,
-    )
+def quality(top: Sequence[Sequence[int]], targets: Sequence[int], k: int) -> Quality:
+    """Recall/NDCG@k of ranked item lists (best first) against one target per user."""
+    grid = torch.full((len(top), k), -1, dtype=torch.int64)
+    for row, items in enumerate(top):
+        items = list(items)[:k]
+        grid[row, : len(items)] = torch.tensor(items, dtype=torch.int64)
+    ranks = target_ranks(grid, torch.tensor(list(targets), dtype=torch.int64))
+    return Quality(recall=recall_at_k(ranks, k), ndcg=ndcg_at_k(ranks, k),
+                   num_users=len(top), k=k)
 
 
 def evaluate(
-    engine: Engine, data: SyntheticData, users: Sequence[int], item_counts: np.ndarray,
-    k: int = 10, num_negatives: int = 99, seed: int = 0,
-) -> tuple[RankingMetrics, RankingMetrics]:
-    """(model, popularity) metrics: each user's last item is the positive, ranked against
-    ``num_negatives`` items sampled uniformly among those the user never saw."""
-    rng = np.random.default_rng(seed)
-    model_ranks, pop_ranks = [], []
-    for u in users:
-        seq = data.sequences[u]
-        history, target = seq[:-1], seq[-1]
-        negatives = sample_negatives(rng, data.config.num_items, seq, num_negatives)
-        scores = score_items(engine, history, [target, *negatives])
-        model_ranks.append(rank_of_positive(scores[0], scores[1:]))
-        pop = item_counts[[target, *negatives]].astype(np.float64)
-        pop_ranks.append(rank_of_positive(pop[0], pop[1:]))
-    return _metrics(model_ranks, k, num_negatives), _metrics(pop_ranks, k, num_negatives)
-
-
-def sample_candidates(
-    data: SyntheticData, user: int, n: int, seed: int = 0
-) -> tuple[list[int], int]:
-    """Candidates for ``user``'s next item: the true held-out item, about half the rest from the
-    cluster of the last history item, the others from other clusters (all unseen), shuffled.
-    Returns (candidates, true item)."""
-    rng = np.random.default_rng(seed)
-    seq = data.sequences[user]
-    target, cluster = seq[-1], int(data.item_cluster[seq[-2]])
-    unseen = np.setdiff1d(np.arange(data.config.num_items), seq)
-    same = unseen[data.item_cluster[unseen] == cluster]
-    other = unseen[data.item_cluster[unseen] != cluster]
-    n_same = min(len(same), (n - 1) // 2)
-    picked = [target, *rng.choice(same, n_same, replace=False).tolist(),
-              *rng.choice(other, n - 1 - n_same, replace=False).tolist()]
-    return rng.permutation(picked).tolist(), target
+    engine: Engine, data: SyntheticData, users: Sequence[int], counts: np.ndarray,
+    k: int = 10, beam_width: int = 20,
+) -> tuple[Quality, Quality, list[Recommendation]]:
+    """(engine quality, popularity quality, the engine's recommendation of each user)."""
+    requests = [heldout_request(data, u) for u in users]
+    recs = recommend_all(engine, requests, BeamParams(beam_width=beam_width, n=k))
+    targets = [data.sequences[u][-1] for u in users]
+    pop = [popularity_top(counts, r.history, k) for r in requests]
+    return quality([r.items for r in recs], targets, k), quality(pop, targets, k), recs

@@ -1,5 +1,11 @@
-"""The main job: synthetic data -> tiny Qwen3 trained from scratch -> saved, reloaded strictly
--> multi-item scoring of a sample user -> HitRate@10 against a popularity baseline."""
+"""The main job: nothing -> a running recommender.
+
+Synthetic data with natural Semantic IDs -> a tiny Qwen3 generative-retrieval model trained
+from scratch -> saved with its Semantic-ID vocabulary, reloaded with ``Engine.from_pretrained``
+-> Recall/NDCG@10 of full-catalog beam search against popularity -> genrec's HTTP server, one
+real ``POST /v1/recommend`` for a sample user -> the commands for your own data -> serving until
+Ctrl-C (``serve=False``: stop after printing).
+"""
 
 from __future__ import annotations
 
@@ -8,27 +14,25 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from genrec.demo.evaluate import (
-    RankingMetrics,
-    evaluate,
-    sample_candidates,
-    score_items,
-    user_prefix,
-)
+from genrec.demo.evaluate import Quality, evaluate, heldout_request
 from genrec.demo.synthetic import (
     SyntheticConfig,
-    SyntheticData,
     generate,
-    item_token,
     popularity,
+    semantic_index,
     split_users,
 )
 from genrec.demo.train import TrainConfig, tiny_config, train_model
-from genrec.engine import Engine
+from genrec.engine import BeamParams, Engine
+from genrec.generative.vocab import SidVocab
 from genrec.model import save_model
+
+MAX_HISTORY = 20  # items in a prompt; the synthetic sequences are shorter
+BEAM_WIDTH = 20
 
 
 def default_out_dir() -> Path:
@@ -39,21 +43,19 @@ def default_out_dir() -> Path:
 
 @dataclass
 class DemoResult:
-    """What the demo measured."""
+    """What the demo measured and the HTTP exchange it showed."""
 
     out_dir: Path
     losses: list[float]
-    model: RankingMetrics
-    popularity: RankingMetrics
+    model: Quality
+    popularity: Quality
     sample_user: int
-    sample_ranking: list[tuple[int, float]]  # (item, loglik), best first
     sample_target: int
+    url: str
+    request: dict[str, Any]
+    answer: dict[str, Any]
     reload_max_diff: float
     seconds: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def chance_hit_rate(self) -> float:
-        return self.model.k / (self.model.num_negatives + 1)
 
 
 def run_demo(
@@ -61,35 +63,39 @@ def run_demo(
     data_config: SyntheticConfig | None = None,
     train_config: TrainConfig | None = None,
     num_heldout: int = 500,
-    num_negatives: int = 99,
     k: int = 10,
-    num_candidates: int = 20,
     progress: bool = True,
     echo: Callable[[str], None] = print,
     num_threads: int | None = 1,
+    serve: bool = True,
+    port: int | None = None,
 ) -> DemoResult:
     """Run the whole demo; every figure it prints is computed here.
 
-    ``num_threads`` sets torch's intra-op threads while the demo runs (restored afterwards;
-    None keeps torch's setting). One is the default: the demo's ops are too small to gain
-    much from more, and OpenMP threads that spin-wait make it many times slower whenever
-    other processes share the cores.
+    With ``serve`` the server keeps running after the printout until Ctrl-C; ``port`` (None
+    or 0: a free one) is where it listens on 127.0.0.1. ``num_threads`` sets torch's intra-op
+    threads while the demo runs (restored afterwards; None keeps torch's setting). One is the
+    default: the demo's ops are too small to gain much from more, and OpenMP threads that
+    spin-wait make it many times slower whenever other processes share the cores.
     """
     previous = torch.get_num_threads()
     if num_threads is not None:
         torch.set_num_threads(num_threads)
     try:
-        return _run(out_dir, data_config, train_config, num_heldout, num_negatives, k,
-                    num_candidates, progress, echo)
+        return _run(out_dir, data_config, train_config, num_heldout, k, progress, echo, serve,
+                    port)
     finally:
         torch.set_num_threads(previous)
 
 
 def _run(
     out_dir: str | Path | None, data_config: SyntheticConfig | None,
-    train_config: TrainConfig | None, num_heldout: int, num_negatives: int, k: int,
-    num_candidates: int, progress: bool, echo: Callable[[str], None],
+    train_config: TrainConfig | None, num_heldout: int, k: int, progress: bool,
+    echo: Callable[[str], None], serve: bool, port: int | None,
 ) -> DemoResult:
+    from genrec.demo import serving  # FastAPI and uvicorn load here, not on import
+
+    serving.check_port(port)
     data_config = data_config or SyntheticConfig()
     train_config = train_config or TrainConfig()
     out = Path(out_dir) if out_dir is not None else default_out_dir()
@@ -105,14 +111,19 @@ def _run(
     data = generate(data_config)
     train_users, heldout = split_users(data, num_heldout, seed=data_config.seed)
     counts = popularity(data, train_users)
+    vocab = SidVocab(semantic_index(data), max_history=MAX_HISTORY)
     n_inter = sum(len(data.sequences[u]) for u in train_users)
+    sizes = vocab.index.codebook_sizes
     echo(f"data: {data_config.num_items} items in {data_config.num_clusters} clusters, "
          f"{data_config.num_users} users ({len(train_users)} train, {len(heldout)} held out), "
-         f"{n_inter} training interactions; item i = token i + {item_token(0)}")
+         f"{n_inter} training interactions")
+    echo(f"Semantic IDs: item -> (cluster, rank inside the cluster), {vocab.num_levels} tokens "
+         f"per item (codebooks {' x '.join(map(str, sizes))}); vocabulary {vocab.vocab_size} "
+         f"tokens with bos/soft/pad")
     lap("data")
 
-    model_config = tiny_config(data_config.vocab_size, max_positions=data_config.max_len + 8)
-    sequences = [user_prefix(data.sequences[u]) for u in train_users]
+    model_config = tiny_config(vocab.vocab_size, max_positions=64)
+    sequences = [vocab.prompt(data.sequences[u]) for u in train_users]
     echo(f"model: {model_config.architecture}, hidden {model_config.hidden_size}, "
          f"{model_config.num_hidden_layers} layers, {model_config.num_attention_heads} heads / "
          f"{model_config.num_key_value_heads} KV heads, head_dim {model_config.head_dim}; "
@@ -124,62 +135,52 @@ def _run(
     lap("train")
 
     save_model(model, out)
+    vocab.save(out)
     engine = Engine.from_pretrained(out)
     user = heldout[0]
-    candidates, target = sample_candidates(data, user, num_candidates, seed=data_config.seed)
-    history = data.sequences[user][:-1]
-    scores = score_items(engine, history, candidates)
-    trained = score_items(Engine(model), history, candidates)
-    reload_diff = max(abs(a - b) for a, b in zip(scores, trained, strict=True))
-    echo(f"saved to {out}, reloaded strictly with Engine.from_pretrained "
-         f"(max |score difference| vs the trained model: {reload_diff:.2e})")
+    request = heldout_request(data, user)
+    params = BeamParams(beam_width=BEAM_WIDTH, n=k)
+    loaded = engine.recommend([request], params)[0]
+    trained = Engine(model, vocab=vocab).recommend([request], params)[0]
+    reload_diff = max(abs(a - b) for a, b in zip(loaded.scores, trained.scores, strict=True))
+    if loaded.items != trained.items:
+        raise RuntimeError("the reloaded engine recommends other items than the trained model")
+    echo(f"saved model + Semantic-ID vocabulary to {out}; Engine.from_pretrained reloads it as "
+         f"a generative engine (max |score difference| vs the trained model: "
+         f"{reload_diff:.2e})")
     lap("save+load")
 
-    ranking = sorted(zip(candidates, scores, strict=True), key=lambda x: -x[1])
-    _print_sample(echo, data, user, history, ranking, target)
-    lap("sample")
-
-    model_m, pop_m = evaluate(engine, data, heldout, counts, k=k, num_negatives=num_negatives,
-                              seed=data_config.seed + 1)
-    chance = k / (num_negatives + 1)
-    echo(f"\nquality over {len(heldout)} held-out users (their last item vs {num_negatives} "
-         f"sampled unseen items, each user one Engine.score request):")
-    echo(f"  {'genrec model (loglik)':<24} HitRate@{k} {model_m.hit_rate:.3f}   "
-         f"NDCG@{k} {model_m.ndcg:.3f}")
-    echo(f"  {'popularity baseline':<24} HitRate@{k} {pop_m.hit_rate:.3f}   "
-         f"NDCG@{k} {pop_m.ndcg:.3f}")
-    echo(f"  {'random':<24} HitRate@{k} {chance:.3f}")
+    model_q, pop_q, _ = evaluate(engine, data, heldout, counts, k=k, beam_width=BEAM_WIDTH)
+    echo(f"\nquality over {len(heldout)} held-out users (target: their last item; full catalog "
+         f"of {data_config.num_items} items, history excluded):")
+    label = f"genrec (Engine.recommend, beam {BEAM_WIDTH})"
+    echo(f"  {label:<36} Recall@{k} {model_q.recall:.3f}   NDCG@{k} {model_q.ndcg:.3f}")
+    echo(f"  {'popularity (most popular unseen)':<36} Recall@{k} {pop_q.recall:.3f}   "
+         f"NDCG@{k} {pop_q.ndcg:.3f}")
     lap("eval")
 
-    total = time.perf_counter() - t0
-    phases = ", ".join(f"{name} {s:.1f} s" for name, s in seconds.items())
-    echo(f"\ntime: {total:.1f} s ({phases})")
-    seconds["total"] = total
+    server = serving.start_server(engine, port)
+    try:
+        url = f"{server.url}/v1/recommend"
+        body = {"history": list(request.history), "exclude": list(request.history), "n": k,
+                "beam_width": BEAM_WIDTH}
+        sent = time.perf_counter()
+        answer = serving.post_json(url, body)
+        ms = (time.perf_counter() - sent) * 1e3
+        target = data.sequences[user][-1]
+        serving.print_exchange(echo, data, user, url, body, answer, target, ms)
+        lap("server")
+        serving.print_next_steps(echo, out)
+        total = time.perf_counter() - t0
+        phases = ", ".join(f"{name} {s:.1f} s" for name, s in seconds.items())
+        echo(f"\ntime: {total:.1f} s ({phases})")
+        seconds["total"] = total
+        if serve:
+            serving.serve_until_interrupted(server, echo)
+    finally:
+        server.stop()
     return DemoResult(
-        out_dir=out, losses=losses, model=model_m, popularity=pop_m, sample_user=user,
-        sample_ranking=ranking, sample_target=target, reload_max_diff=reload_diff,
-        seconds=seconds,
+        out_dir=out, losses=losses, model=model_q, popularity=pop_q, sample_user=user,
+        sample_target=target, url=url, request=body, answer=answer,
+        reload_max_diff=reload_diff, seconds=seconds,
     )
-
-
-def _print_sample(
-    echo: Callable[[str], None], data: SyntheticData, user: int, history: list[int],
-    ranking: list[tuple[int, float]], target: int,
-) -> None:
-    clusters = data.item_cluster
-    current = int(clusters[history[-1]])
-    echo(f"\nsample held-out user {user} (preferred cluster {int(data.preferred[user])}), "
-         f"history of {len(history)} items, oldest first:")
-    echo("  item    " + " ".join(f"{i:>4}" for i in history))
-    echo("  cluster " + " ".join(f"{int(clusters[i]):>4}" for i in history))
-    echo(f"scores of {len(ranking)} candidates (log p(item | history), one request, "
-         f"prefix computed once), best first:")
-    echo(f"  {'rank':>4} {'item':>5} {'cluster':>7} {'score':>8}")
-    for rank, (item, score) in enumerate(ranking, 1):
-        notes = []
-        if item == target:
-            notes.append("<- true next item (held out)")
-        elif int(clusters[item]) == current:
-            notes.append("same cluster as last item")
-        line = f"  {rank:>4} {item:>5} {int(clusters[item]):>7} {score:>8.3f}  {' '.join(notes)}"
-        echo(line.rstrip())

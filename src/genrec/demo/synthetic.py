@@ -8,8 +8,8 @@ sequence starts there and, at each step, moves to a random cluster with probabil
 the previous one in its cluster (a sequential pattern); otherwise it is drawn by popularity
 among the current cluster's unseen items. A user never sees an item twice.
 
-Each item is one token: item ``i`` is token ``i + ITEM_OFFSET``; token ids below the offset are
-reserved (``PAD``, ``BOS``, two unused).
+Items get natural Semantic IDs (:func:`semantic_index`): ``(cluster, rank inside the cluster)``;
+the model's tokens are those of :class:`genrec.generative.vocab.SidVocab` over that index.
 """
 
 from __future__ import annotations
@@ -17,19 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
-PAD, BOS = 0, 1
-ITEM_OFFSET = 4
-
-
-def item_token(item: int) -> int:
-    """Token id of item ``item``."""
-    return item + ITEM_OFFSET
-
-
-def token_item(token: int) -> int:
-    """Item id of token ``token`` (-1 for a reserved token)."""
-    return token - ITEM_OFFSET if token >= ITEM_OFFSET else -1
+from genrec.catalog.semantic_ids import SemanticIndex
 
 
 @dataclass(frozen=True)
@@ -53,10 +43,6 @@ class SyntheticConfig:
             raise ValueError("need 2 <= min_len <= max_len < num_items")
         if not (0 <= self.drift_prob <= 1 and 0 <= self.follow_prob <= 1):
             raise ValueError("drift_prob and follow_prob must lie in [0, 1]")
-
-    @property
-    def vocab_size(self) -> int:
-        return self.num_items + ITEM_OFFSET
 
 
 @dataclass
@@ -123,6 +109,24 @@ def _user_sequence(
     return seq
 
 
+def semantic_index(data: SyntheticData) -> SemanticIndex:
+    """The 2-level Semantic IDs of the items: level 0 = cluster, level 1 = rank inside it.
+
+    Clusters are contiguous, so an item's rank is its offset from the cluster's first item;
+    the level-1 codebook is as large as the largest cluster.
+    """
+    clusters = torch.as_tensor(data.item_cluster, dtype=torch.int64)
+    first = torch.searchsorted(clusters, clusters)  # first item of each item's cluster
+    rank = torch.arange(clusters.numel()) - first
+    index = SemanticIndex(
+        torch.stack([clusters, rank], dim=1),
+        [data.config.num_clusters, int(rank.max()) + 1],
+        meta={"method": "synthetic clusters: (cluster, rank inside the cluster)"},
+    )
+    index.validate()
+    return index
+
+
 def split_users(
     data: SyntheticData, num_heldout: int, seed: int = 0
 ) -> tuple[list[int], list[int]]:
@@ -141,12 +145,3 @@ def popularity(data: SyntheticData, users: list[int]) -> np.ndarray:
         np.add.at(counts, data.sequences[u], 1)
     return counts
 
-
-def sample_negatives(
-    rng: np.random.Generator, num_items: int, exclude: list[int], n: int
-) -> list[int]:
-    """``n`` distinct items drawn uniformly among those not in ``exclude``."""
-    allowed = np.setdiff1d(np.arange(num_items), np.asarray(exclude, dtype=np.int64))
-    if n > allowed.size:
-        raise ValueError(f"cannot sample {n} negatives from {allowed.size} items")
-    return rng.choice(allowed, size=n, replace=False).tolist()

@@ -1,4 +1,6 @@
-"""Training a tiny decoder from scratch on item-token sequences (next-item cross-entropy).
+"""Training a tiny decoder from scratch on Semantic-ID token sequences (next-token
+cross-entropy): a user's sequence is ``SidVocab.prompt(items)``, ``bos sid(i_1) sid(i_2) ...``,
+the same prompt the engine builds when it serves, so every SID token after ``bos`` is a target.
 
 Sequences of a batch are packed one after another into a single forward
 (``build_layout([L1, L2, ...], [], [])``): each is its own causal sequence, so no padding.
@@ -33,7 +35,7 @@ def tiny_config(vocab_size: int, max_positions: int = 64) -> ModelConfig:
 class TrainConfig:
     """Optimisation budget and hyper-parameters (a fixed number of steps, seeded)."""
 
-    steps: int = 500
+    steps: int = 300
     batch_size: int = 64
     lr: float = 5e-3
     weight_decay: float = 0.01
