@@ -170,12 +170,14 @@ def test_completions_beam_search(full: tuple[str, Updater], engine: Engine) -> N
 def test_catalog_hooks(full: tuple[str, Updater], bare: str) -> None:
     url, updater = full
     r = httpx.put(url + "/v1/catalog/items", json={"items": [{"item_id": 4, "text": "lamp"}]})
-    assert r.status_code == 200 and r.json() == {"catalog_version": 11, "count": 1}
+    assert r.status_code == 200 and r.json() == {"catalog_version": 11, "count": 1,
+                                                 "catalogs": {"ranker": [4]}}
     r = httpx.request("DELETE", url + "/v1/catalog/items", json={"item_ids": [4, 5]})
-    assert r.json() == {"catalog_version": 12, "count": 2}
+    assert r.json() == {"catalog_version": 12, "count": 2,
+                        "catalogs": {"generative": [4, 5], "ranker": [4, 5]}}
     assert updater.calls == [("upsert", [{"item_id": 4, "text": "lamp"}]),
                              ("retire", [4, 5])]
     r = httpx.put(url + "/v1/catalog/items", json={"items": [{"item_id": 5000}]})
     assert r.status_code == 422 and r.json()["detail"].startswith("items")
     r = httpx.put(bare + "/v1/catalog/items", json={"items": [{"item_id": 4}]})
-    assert r.status_code == 400 and r.json()["detail"] == "no catalog updater"
+    assert r.status_code == 400 and r.json()["detail"].startswith("items[0]: no ranker catalog")

@@ -150,11 +150,14 @@ def build_item_mask(
     exclude: Sequence[Sequence[int] | None] | None = None,
     num_requests: int | None = None,
     device: torch.device | str | None = None,
+    active: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-request item mask bool [R, num_items] from allow lists and exclude lists.
 
     A request with an allow list (not ``None``) may only return those items; otherwise every
-    item. Items in its exclude list are then removed. ``R`` is the length of the given lists.
+    item. Items in its exclude list are then removed, and so are, for every request, the items
+    that ``active`` (bool [num_items], the catalog's live items) marks False. ``R`` is the
+    length of the given lists.
     """
     lengths = {len(x) for x in (allow, exclude) if x is not None}
     if num_requests is not None:
@@ -180,6 +183,8 @@ def build_item_mask(
         mask[flat(allow, "allow")] = True
     if exclude is not None:
         mask[flat(exclude, "exclude")] = False
+    if active is not None:
+        mask &= active.to(device=mask.device, dtype=torch.bool)
     return mask
 
 

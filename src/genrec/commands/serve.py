@@ -10,9 +10,12 @@ Heavy modules are imported inside the function so that ``genrec --help`` stays f
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from genrec.serving.ray_app import AppSpec
 
 
 def serve(
@@ -35,9 +38,16 @@ def serve(
                                                    "the checkpoint's).")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    ray: Annotated[bool, typer.Option("--ray", help="Serve as a Ray Serve deployment (needs "
+                                                    "the 'ray' extras); each replica loads "
+                                                    "the model itself.")] = False,
+    replicas: Annotated[int, typer.Option(min=1, help="Ray Serve replicas (with --ray).")] = 1,
 ) -> None:
     """Serve the model over HTTP: /v1/recommend, /v1/rank, /v1/score, /v1/completions,
-    /v1/catalog/items, /health, /ready, /metrics. SIGTERM drains and exits."""
+    /v1/catalog/items, /health, /ready, /metrics. SIGTERM drains and exits.
+
+    With --ray --replicas N: the same application in N Ray Serve replicas behind Ray Serve's
+    HTTP proxy on --host/--port (a local Ray instance, or the cluster at RAY_ADDRESS)."""
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -46,22 +56,47 @@ def serve(
         typer.echo(f"error: genrec serve needs the 'serve' extras: pip install 'genrec[serve]' "
                    f"({err})", err=True)
         raise typer.Exit(code=1) from None
-    from genrec.commands.generative import resolve_device
-    from genrec.engine import Engine
-    from genrec.serving import ServeConfig, create_app, run_server
-    from genrec.serving.backends import load_catalog_updater, load_ranker, load_tokenizer
+    if replicas != 1 and not ray:
+        typer.echo("error: --replicas needs --ray", err=True)
+        raise typer.Exit(code=1)
+    from genrec.serving import ServeConfig
+    from genrec.serving.ray_app import AppSpec, load_app
+
+    config = ServeConfig(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
+                         max_queue=max_queue, model_name=model.name)
+    spec = AppSpec.of(model, ranker, catalog, tokenizer, device=device, dtype=dtype,
+                      threads=threads, config=config)
+    if ray:
+        _serve_ray(spec, replicas, host, port)
+        return
+    from genrec.serving import run_server
 
     try:
-        dev = resolve_device(device, threads)
-        engine = Engine.from_pretrained(model, dtype=dtype, device=dev)
-        loaded_ranker = load_ranker(ranker, catalog, dev, dtype) if ranker is not None else None
-        updater = load_catalog_updater(catalog, loaded_ranker) if catalog is not None else None
-        tok = load_tokenizer(tokenizer) if tokenizer is not None else None
+        app = load_app(spec)
     except (ValueError, RuntimeError, OSError) as err:  # CheckpointError, missing packages
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=1) from None
-    config = ServeConfig(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
-                         max_queue=max_queue, model_name=model.name)
-    app = create_app(engine, ranker=loaded_ranker, catalog_updater=updater, tokenizer=tok,
-                     config=config)
     run_server(app, host=host, port=port, log_level=log_level)
+
+
+def _serve_ray(spec: AppSpec, replicas: int, host: str, port: int) -> None:
+    """``spec`` in ``replicas`` Ray Serve replicas until SIGINT / SIGTERM."""
+    from genrec.serving import ray_app
+
+    try:
+        from ray import serve as ray_serve  # noqa: F401
+    except ImportError as err:
+        typer.echo(f"error: {ray_app.RAY_MISSING} ({err})", err=True)
+        raise typer.Exit(code=1) from None
+
+    try:
+        spec.check()
+        ray_app.run(spec, replicas, host, port, echo=typer.echo)
+    except KeyboardInterrupt:
+        pass
+    except ValueError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=1) from None
+    except Exception as err:  # a replica failed to start: Ray's error names the cause
+        typer.echo(f"error: Ray Serve deployment failed: {err}", err=True)
+        raise typer.Exit(code=1) from None

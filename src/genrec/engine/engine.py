@@ -10,6 +10,7 @@ import torch
 from genrec.catalog.item_table import ItemTable
 from genrec.catalog.trie import SemanticTrie
 from genrec.engine.batch import PackedBatch, RequestLimits, item_rows, pack_requests
+from genrec.engine.catalog_state import CatalogState
 from genrec.engine.chunked import forward_chunked
 from genrec.engine.inputs import InputError, Part, build_input_embeds
 from genrec.engine.params import (
@@ -41,8 +42,7 @@ class Engine:
         self.model = model.eval()
         self.config = config or EngineConfig()
         self.item_table: ItemTable | None = None
-        self.vocab: SidVocab | None = None
-        self.trie: SemanticTrie | None = None
+        self.catalog: CatalogState | None = None  # the generative catalog, swapped whole
         if item_table is not None:
             self.set_item_table(item_table)
         if vocab is not None:
@@ -60,31 +60,57 @@ class Engine:
             config = EngineConfig(soft_token_id=SOFT_ID)
         return cls(load_model(path, dtype=dtype, device=device), config=config, vocab=vocab)
 
+    @property
+    def vocab(self) -> SidVocab | None:
+        """The installed Semantic-ID vocabulary (of :attr:`catalog`), or ``None``."""
+        catalog = self.catalog
+        return catalog.vocab if catalog is not None else None
+
+    @property
+    def trie(self) -> SemanticTrie | None:
+        """The trie of the installed catalog, or ``None``."""
+        catalog = self.catalog
+        return catalog.trie if catalog is not None else None
+
     def set_vocab(self, vocab: SidVocab) -> None:
-        """Install the Semantic-ID vocabulary and build its trie on the model's device."""
+        """Install the Semantic-ID vocabulary (every item live) and build its trie on the
+        model's device."""
+        version = self.catalog.version + 1 if self.catalog is not None else 0
+        self._check_vocab(vocab)
+        self.set_catalog(CatalogState.build(vocab, self.model.device, version=version))
+
+    def set_catalog(self, catalog: CatalogState) -> None:
+        """Install a generative catalog state (see :meth:`CatalogState.updated`) in one swap:
+        a :meth:`recommend` call reads the state once, so it uses the old catalog or the new
+        one throughout."""
+        self._check_vocab(catalog.vocab)
+        self.catalog = catalog
+
+    def _check_vocab(self, vocab: SidVocab) -> None:
         if vocab.vocab_size > self.model.config.vocab_size:
             raise ValueError(
                 f"Semantic-ID vocabulary needs {vocab.vocab_size} tokens, the model has "
                 f"{self.model.config.vocab_size}"
             )
-        trie = SemanticTrie.from_index(vocab.index).to(self.model.device)
-        self.vocab, self.trie = vocab, trie
 
     def recommend(
-        self, requests: Sequence[RecommendRequest], params: BeamParams | None = None
+        self, requests: Sequence[RecommendRequest], params: BeamParams | None = None,
+        catalog: CatalogState | None = None,
     ) -> list[Recommendation]:
         """Top-n catalog items per request by constrained beam search (all requests batched).
 
-        Every returned item is a real catalog item allowed by the request's filters; fewer
-        than n come back only when fewer items are allowed.
+        Every returned item is a live (not retired) catalog item allowed by the request's
+        filters; fewer than n come back only when fewer items are allowed. ``catalog``: the
+        catalog state to search (default: the installed one, read once at the start).
         """
-        if self.vocab is None or self.trie is None:
+        catalog = catalog if catalog is not None else self.catalog
+        if catalog is None:
             raise ValueError("this engine has no Semantic-ID vocabulary (not a generative model)")
         params = params or BeamParams()
         params.validate()
         if not requests:
             raise InputError("requests: empty request list")
-        return recommend_batch(self, requests, params)
+        return recommend_batch(self, requests, params, catalog)
 
     def pack(
         self, prefixes: Sequence[Part], branches: Sequence[Sequence[Part]],

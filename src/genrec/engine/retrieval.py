@@ -7,20 +7,26 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from genrec.catalog.trie import build_item_mask, ranked_prefix_counts
 from genrec.engine.beam import constrained_beam_search
 from genrec.engine.inputs import InputError
 from genrec.engine.params import BeamParams, Recommendation, RecommendRequest
 
 if TYPE_CHECKING:
+    from genrec.engine.catalog_state import CatalogState
     from genrec.engine.engine import Engine
 
 
 def recommend_batch(
-    engine: Engine, requests: Sequence[RecommendRequest], params: BeamParams
+    engine: Engine, requests: Sequence[RecommendRequest], params: BeamParams,
+    catalog: CatalogState | None = None,
 ) -> list[Recommendation]:
-    """Validate requests, build their prompts, run one beam search, return top-n items."""
-    vocab, trie, model = engine.vocab, engine.trie, engine.model
+    """Validate requests, build their prompts, run one beam search, return top-n items.
+
+    ``catalog`` (default: the engine's, read here once) gives the vocabulary, the trie and the
+    retired items; retired items are removed by the same item mask as ``exclude`` filters.
+    """
+    catalog = catalog if catalog is not None else engine.catalog
+    vocab, trie, model = catalog.vocab, catalog.trie, engine.model
     prompts = []
     for r, req in enumerate(requests):
         field = f"requests[{r}]"
@@ -42,13 +48,7 @@ def recommend_batch(
                              f"the model's {model.config.max_position_embeddings} positions")
     batch = engine.pack(prompts, [[] for _ in prompts], [q.user_vector for q in requests],
                         require_branches=False)
-    counts = None
-    if any(q.exclude is not None or q.allow is not None for q in requests):
-        mask = build_item_mask(
-            trie.num_items, allow=[q.allow for q in requests],
-            exclude=[q.exclude for q in requests], device=model.device,
-        )
-        counts = ranked_prefix_counts(trie, mask)
+    counts = catalog.filter_counts([q.allow for q in requests], [q.exclude for q in requests])
     layout = batch.layout.to(model.device)
     result = constrained_beam_search(
         model, trie, vocab.level_offsets, engine.embed(batch), layout,
@@ -64,15 +64,15 @@ def recommend_batch(
 
 
 def exhaustive_top(
-    engine: Engine, request: RecommendRequest, n: int
+    engine: Engine, request: RecommendRequest, n: int, catalog: CatalogState | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference: score every allowed item with multi-item scoring, return the top n
+    """Reference: score every allowed live item with multi-item scoring, return the top n
     (items, summed log-probabilities). Slow on big catalogs; for tests and checks."""
     from genrec.engine.params import ScoreParams
 
-    vocab = engine.vocab
-    mask = build_item_mask(vocab.index.num_items, allow=[request.allow],
-                           exclude=[request.exclude])[0]
+    catalog = catalog if catalog is not None else engine.catalog
+    vocab = catalog.vocab
+    mask = catalog.item_mask([request.allow], [request.exclude])[0].cpu()
     items = torch.nonzero(mask)[:, 0]
     prompt = vocab.prompt(request.history, soft_token=request.user_vector is not None)
     cands = vocab.item_tokens(items).tolist()

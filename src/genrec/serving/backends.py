@@ -62,7 +62,10 @@ def make_runner(
       request each); results ``(list of [N, K] tensors, catalog version)``;
     - ``("rank",)``: payloads ``RankRequest``; results ``(1-D tensor, catalog version)``;
     - ``("upsert", seq)`` / ``("retire", seq)``: one payload (the items / ids); result the new
-      catalog version. Running them here serialises them with the engine batches.
+      catalog version. Running them here serialises them with the engine batches;
+    - ``("catalog", seq)``: one payload, a function of no arguments (a catalog update of
+      :class:`genrec.serving.catalog.ServiceCatalog`); result its return value, likewise
+      serialised with the engine batches.
     """
     from genrec.engine import BeamParams, ScoreParams
 
@@ -90,6 +93,8 @@ def make_runner(
             return [updater.upsert(items) for items in payloads]
         if kind == "retire":
             return [updater.retire(ids) for ids in payloads]
+        if kind == "catalog":
+            return [update() for update in payloads]
         raise RuntimeError(f"unknown batch kind {kind!r}")
 
     return run

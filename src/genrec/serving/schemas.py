@@ -21,6 +21,7 @@ MAX_TOKENS = 65536
 MAX_LABELS = 1024
 MAX_CATALOG_BATCH = 100_000
 MAX_BEAM = 256
+MAX_SID_LEVELS = 64
 
 ItemId = Annotated[StrictInt, Field(ge=0)]
 TokenId = Annotated[StrictInt, Field(ge=0)]
@@ -154,12 +155,20 @@ class CompletionResponse(BaseModel):
 
 
 class CatalogItem(BaseModel):
-    """One item to add or replace. Fields beyond ``item_id`` are passed to the catalog
-    updater unchanged (its own format: text, Semantic ID, vectors, metadata...)."""
+    """One item to add or replace.
+
+    ``semantic_id`` (one code per level): the item joins the generative catalog (Semantic-ID
+    index and trie), so ``/v1/recommend`` can return it; it must not be another item's. An
+    item without it is added to the ranker only. Fields beyond these two are passed to the
+    ranker's catalog updater unchanged (its own format: ``text`` encoded by the item encoder,
+    or ``vectors``); an item with them goes to the ranker as well.
+    """
 
     model_config = ConfigDict(extra="allow")
 
     item_id: ItemId
+    semantic_id: Annotated[list[Annotated[StrictInt, Field(ge=0)]],
+                           Field(min_length=1, max_length=MAX_SID_LEVELS)] | None = None
 
 
 class CatalogUpsertBody(_Strict):
@@ -175,10 +184,13 @@ class CatalogRetireBody(_Strict):
 
 
 class CatalogResponse(BaseModel):
-    """The catalog version after the update and how many items it touched."""
+    """The catalog version after the update (one version for the whole service), how many
+    items it touched, and which catalogs took which item ids (``generative``: the engine's
+    Semantic-ID catalog, ``ranker``: the ranker's item table)."""
 
     catalog_version: int
     count: int
+    catalogs: dict[str, list[int]]
 
 
 class ErrorResponse(BaseModel):

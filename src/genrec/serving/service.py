@@ -19,6 +19,7 @@ from genrec.engine import Engine, RecommendRequest, ScoreRequest
 from genrec.generative.vocab import BOS_ID, SOFT_ID, SidVocab
 from genrec.serving import schemas as S
 from genrec.serving.backends import CatalogUpdater, Ranker, RankRequest
+from genrec.serving.catalog import CatalogChange, ServiceCatalog
 from genrec.serving.scheduler import BatchScheduler
 
 _SID_TOKEN = re.compile(r"<([a-z])_(\d+)>")
@@ -41,18 +42,29 @@ class Service:
         self.engine, self.scheduler, self.ranker = engine, scheduler, ranker
         self.catalog_updater, self.tokenizer = catalog_updater, tokenizer
         self.model_name = model_name
-        self.updater_version: int | None = None
         self._seq = itertools.count()
+        # The served catalog (generative catalog of the engine + the ranker's, through the
+        # updater) under one version number; None when nothing can be updated.
+        self.catalog: ServiceCatalog | None = None
+        if isinstance(catalog_updater, ServiceCatalog):
+            self.catalog = catalog_updater
+        elif catalog_updater is not None or engine.catalog is not None:
+            self.catalog = ServiceCatalog(engine, catalog_updater, self._initial_version())
 
-    def catalog_version(self) -> int:
-        """The ranker's version, else the last one the updater returned, else the engine's
-        item table's, else 0."""
+    def _initial_version(self) -> int:
+        """The ranker's version, else the engine's item table's, else its generative
+        catalog's, else 0."""
         if self.ranker is not None:
             return int(self.ranker.catalog_version)
-        if self.updater_version is not None:
-            return self.updater_version
-        table = self.engine.item_table
-        return table.version if table is not None else 0
+        if self.engine.item_table is not None:
+            return self.engine.item_table.version
+        return self.engine.catalog.version if self.engine.catalog is not None else 0
+
+    def catalog_version(self) -> int:
+        """The one catalog version of the service (both catalogs, every response, metrics)."""
+        if self.catalog is not None:
+            return self.catalog.catalog_version
+        return self._initial_version()
 
     # -- /v1/recommend -----------------------------------------------------------------------
 
@@ -95,11 +107,19 @@ class Service:
         request = self._recommend_request(body.history, body.user_vector, body.exclude,
                                           body.allow)
         n = body.beam_width if body.rerank else body.n
-        rec, version = await self.scheduler.submit(("recommend", body.beam_width, n), request,
-                                                   deadline_ms)
-        if body.rerank:
-            return await self.rerank_retrieved(body, rec.items, deadline_ms)
-        return {"items": rec.items, "scores": rec.scores, "catalog_version": version}
+        for attempt in range(3):
+            rec, version = await self.scheduler.submit(("recommend", body.beam_width, n),
+                                                       request, deadline_ms)
+            if not body.rerank:
+                return {"items": rec.items, "scores": rec.scores, "catalog_version": version}
+            try:
+                return await self.rerank_retrieved(body, rec.items, deadline_ms)
+            except ValueError:
+                # a catalog update between retrieval and ranking retired a retrieved item:
+                # retrieve again from the new catalog
+                if attempt == 2 or self.catalog_version() == version:
+                    raise
+        raise AssertionError("unreachable")
 
     async def rerank_retrieved(self, body: S.RecommendBody, items: list[int],
                                deadline_ms: float | None) -> dict:
@@ -275,10 +295,31 @@ class Service:
     # -- /v1/catalog/items -------------------------------------------------------------------
 
     async def update_catalog(self, op: str, payload: list, deadline_ms: float | None) -> dict:
-        """``op`` 'upsert' (item dicts) or 'retire' (item ids), run on the engine's worker
-        thread between batches, so no batch sees a half-updated catalog."""
-        if self.catalog_updater is None:
+        """``op`` 'upsert' (item dicts) or 'retire' (item ids), all or nothing over the
+        generative catalog and the ranker's (see :mod:`genrec.serving.catalog`), run on the
+        engine's worker thread between batches, so no batch sees a half-updated catalog.
+
+        Upsert items with a ``semantic_id`` join the generative catalog; items without one, or
+        with ranker fields (``text``, ``vectors``), go to the ranker. The answer's
+        ``catalogs`` names which catalogs took which item ids.
+        """
+        catalog = self.catalog
+        if catalog is None:
             raise ApiError(400, "no catalog updater")
-        version = await self.scheduler.submit((op, next(self._seq)), payload, deadline_ms)
-        self.updater_version = int(version)
-        return {"catalog_version": int(version), "count": len(payload)}
+        if op == "upsert":
+            items = [{k: v for k, v in it.items() if k != "semantic_id" or v is not None}
+                     for it in payload]
+            try:
+                catalog.check(items)
+                catalog.split(items)
+            except LookupError as err:
+                raise ApiError(400, str(err)) from None
+            update = lambda: catalog.upsert(items)  # noqa: E731
+        elif op == "retire":
+            update = lambda: catalog.retire(payload)  # noqa: E731
+        else:
+            raise RuntimeError(f"unknown catalog operation {op!r}")
+        change: CatalogChange = await self.scheduler.submit(("catalog", next(self._seq)),
+                                                            update, deadline_ms)
+        return {"catalog_version": change.version, "count": len(payload),
+                "catalogs": change.catalogs}

@@ -1,0 +1,115 @@
+"""Scale-out: ``genrec serve --ray --replicas 2`` on loopback, called over httpx — answers
+equal the offline engine's, both replicas serve, SIGTERM shuts Ray Serve down. Without Ray,
+``genrec serve --ray`` says what to install."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+
+import httpx
+from serving_support import RECOMMEND, offline, post, tiny_engine, wait_until
+from typer.testing import CliRunner
+
+from genrec import Engine
+from genrec.cli import app as cli
+from genrec.model import save_model
+from genrec.serving.ray_app import REPLICA_HEADER
+from genrec.serving.server import free_port
+
+# Ray Serve's own pydantic models warn on import (pydantic 2 deprecations inside Ray).
+pytestmark = pytest.mark.filterwarnings("ignore::pydantic.PydanticDeprecatedSince20")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("generative")
+    engine = tiny_engine()
+    save_model(engine.model, path)
+    engine.vocab.save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``genrec serve --ray --replicas 2`` in a subprocess; SIGTERM must shut it down."""
+    pytest.importorskip("ray")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a local Ray
+    log = tmp_path_factory.mktemp("ray") / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "genrec.cli", "serve", "--model",
+                                 str(checkpoint), "--ray", "--replicas", "2", "--port",
+                                 str(port), "--threads", "1"],
+                                env={**env, "PYTHONUNBUFFERED": "1"}, stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: b"Ray Serve replica(s) on" in log.read_bytes()
+                   or proc.poll() is not None, timeout=120)
+        assert proc.poll() is None, log.read_text()
+        yield url
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, log.read_text()
+        assert "shutting down Ray Serve" in log.read_text()
+        with pytest.raises(httpx.HTTPError):  # the proxy is gone
+            httpx.get(url + "/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_two_replicas_answer_like_the_offline_engine(served: str, checkpoint: Path) -> None:
+    engine = Engine.from_pretrained(checkpoint)
+    health = httpx.get(served + "/health", timeout=30)
+    assert health.status_code == 200 and health.json() == {"status": "ok"}
+    assert health.headers[REPLICA_HEADER]
+    bodies = RECOMMEND * 4
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda b: post(served, "/v1/recommend", b), bodies))
+    replicas = set()
+    for body, r in zip(bodies, answers, strict=True):
+        assert r.status_code == 200, r.text
+        items, scores = offline(engine, body)
+        assert r.json()["items"] == items
+        assert torch.allclose(torch.tensor(r.json()["scores"]), torch.tensor(scores), atol=1e-4)
+        replicas.add(r.headers[REPLICA_HEADER])
+    for _ in range(40):  # the proxy picks replicas at random: more requests until both seen
+        if len(replicas) == 2:
+            break
+        replicas.add(httpx.get(served + "/health", timeout=30).headers[REPLICA_HEADER])
+    assert len(replicas) == 2
+    bad = post(served, "/v1/recommend", {"history": [999]})
+    assert bad.status_code == 422 and bad.json()["detail"].startswith("history:")
+    catalog = httpx.put(served + "/v1/catalog/items", json={"items": [{"item_id": 1}]})
+    assert catalog.status_code == 400 and "replicas" in catalog.json()["detail"]
+
+
+def test_serve_ray_without_ray_says_what_to_install(checkpoint: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    monkeypatch.setitem(sys.modules, "ray.serve", None)
+    result = CliRunner().invoke(cli, ["serve", "--model", str(checkpoint), "--ray",
+                                      "--replicas", "2"])
+    assert result.exit_code == 1
+    assert "pip install 'genrec[ray]'" in result.output
+    result = CliRunner().invoke(cli, ["serve", "--model", str(checkpoint), "--replicas", "2"])
+    assert result.exit_code == 1 and "--replicas needs --ray" in result.output
+
+
+def test_serve_ray_checks_paths_before_starting_ray(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    result = CliRunner().invoke(cli, ["serve", "--model", str(tmp_path / "none"), "--ray"])
+    assert result.exit_code == 1 and "--model" in result.output
+    assert "no config.json" in result.output
