@@ -43,7 +43,7 @@ def test_student_item_tokens_and_candidate() -> None:
     p = StudentPrompts(k=3, vocab_size=V)
     assert p.item_tokens(0) == [V, V + 1, V + 2]
     assert p.item_tokens(4) == [V + 12, V + 13, V + 14]  # vocab_size + item * k + j
-    assert p.candidate(4) == [V + 12, V + 13, V + 14, SCORE_ID]
+    assert p.candidate(4) == [V + 12, V + 13, V + 14]  # read at its last item token
 
 
 def test_student_prefix_layout() -> None:

@@ -1,13 +1,13 @@
 """Prompts of the DuoLM student ranker and of its full-text teacher.
 
 Both rankers score a candidate with the log-probability of the ``yes`` token at the candidate's
-last position (its score token): the engine's ``labels`` mode with ``label_token_ids=[yes]``,
+last position: the engine's ``labels`` mode with ``label_token_ids=[yes]``,
 which any LM engine (vLLM's ``logprob_token_ids`` included) can compute too.
 
 Student (virtual item tokens; ids >= ``vocab_size`` index the item table, k rows per item)::
 
     prefix    = bos [soft] items(h_1) [fb_1] ... items(h_n) [fb_n] sep
-    candidate = items(c) score
+    candidate = items(c)            (read at its last item token: k tokens per candidate)
 
 Teacher (text tokens of a WordPiece tokenizer)::
 
@@ -80,8 +80,9 @@ class StudentPrompts:
         return out + [SEP_ID]
 
     def candidate(self, item: int) -> list[int]:
-        """``items(c) score``."""
-        return self.item_tokens(item) + [SCORE_ID]
+        """``items(c)``: the candidate's k virtual tokens; the score is read at the last one,
+        so a candidate costs k tokens (no separate score token)."""
+        return self.item_tokens(item)
 
 
 @dataclass

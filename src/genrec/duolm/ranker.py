@@ -1,7 +1,7 @@
 """DuoLM rankers on the engine: the student (virtual item tokens) and the full-text teacher.
 
 Both score a user's candidates in one multi-item scoring request per user (prefix once, each
-candidate attending to the prefix and itself); a score is log p(yes) at the candidate's score
+candidate attending to the prefix and itself); a score is log p(yes) at the candidate's last
 token. The student reads item representations from the engine's item table, which can be
 updated live (:meth:`DuoRanker.update`): every call reads the table once, so a request sees the
 old table or the new one, never a mix, and a retired item is rejected, never scored.
