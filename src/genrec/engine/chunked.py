@@ -30,11 +30,15 @@ def branch_chunks(lengths: list[int], chunk_tokens: int) -> list[tuple[int, int]
 
 
 def _last_readout(
-    batch: PackedBatch, lo: int, hi: int, local_rows: torch.Tensor, device: torch.device
+    batch: PackedBatch, lo: int, hi: int, local_rows: torch.Tensor, device: torch.device,
+    first_request: int = 0, end_request: int | None = None, prefix_cap: int | None = None,
 ) -> Readout:
+    # branches lo..hi-1 over requests first_request..end_request-1 (request ids made relative)
+    end = len(batch.prefix_lens) if end_request is None else end_request
     return branch_last_readout(
-        batch.prefix_lens, batch.layout.branch_request[lo:hi], batch.branch_lens[lo:hi],
-        local_rows, branch_cap=max(batch.branch_lens[lo:hi]),
+        batch.prefix_lens[first_request:end],
+        batch.layout.branch_request[lo:hi] - first_request, batch.branch_lens[lo:hi],
+        local_rows, branch_cap=max(batch.branch_lens[lo:hi]), prefix_cap=prefix_cap,
     ).to(device)
 
 
@@ -70,20 +74,26 @@ def forward_chunked(
     starts = batch.branch_starts
     for lo, hi in branch_chunks(lens, chunk_tokens):
         chunk_lens = torch.tensor(lens[lo:hi])
+        # A chunk's branches belong to a contiguous range of requests: its layout and cache
+        # cover those requests only, so no attention runs for the others' empty rows.
+        r0, r1 = int(full.branch_request[lo]), int(full.branch_request[hi - 1]) + 1
         layout = build_layout(
-            [0] * full.num_requests, full.branch_request[lo:hi], chunk_lens,
-            prefix_cached=batch.prefix_lens,
+            [0] * (r1 - r0), full.branch_request[lo:hi] - r0, chunk_lens,
+            prefix_cached=batch.prefix_lens[r0:r1], prefix_cap=prefix_layout.prefix_cap,
         ).to(device)
+        chunk_cache = cache.requests(r0, r1)
         # packed rows of the chunk's branch tokens, branch after branch
         first = torch.repeat_interleave(starts[lo:hi], chunk_lens)
         offset = torch.arange(int(chunk_lens.sum())) - torch.repeat_interleave(
             torch.cumsum(chunk_lens, 0) - chunk_lens, chunk_lens)
         rows = (first + offset).to(device)
-        cache.reset_branches(hi - lo, int(chunk_lens.max()))
+        chunk_cache.reset_branches(hi - lo, int(chunk_lens.max()))
         if last_only:
-            readout = _last_readout(batch, lo, hi, torch.cumsum(chunk_lens, 0) - 1, device)
+            readout = _last_readout(batch, lo, hi, torch.cumsum(chunk_lens, 0) - 1, device,
+                                    r0, r1, prefix_layout.prefix_cap)
             last = rows[readout.rows]
-            hidden[last] = model(embeds[rows], layout.positions, layout, cache, readout=readout)
+            hidden[last] = model(embeds[rows], layout.positions, layout, chunk_cache,
+                                 readout=readout)
         else:
-            hidden[rows] = model(embeds[rows], layout.positions, layout, cache)
+            hidden[rows] = model(embeds[rows], layout.positions, layout, chunk_cache)
     return hidden

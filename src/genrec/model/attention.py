@@ -104,6 +104,16 @@ class KVCache:
             for layer, t in enumerate(store):
                 store[layer] = t.new_zeros((num_branches, branch_cap) + tuple(t.shape[2:]))
 
+    def requests(self, start: int, end: int) -> KVCache:
+        """A cache over requests ``start..end-1`` only: their prefixes are views of this
+        cache's (shared, not copied); the branch part is empty (see :meth:`reset_branches`)."""
+        view = KVCache.__new__(KVCache)
+        view.prefix_k = [t[start:end] for t in self.prefix_k]
+        view.prefix_v = [t[start:end] for t in self.prefix_v]
+        view.branch_k = [t[:0] for t in self.branch_k]
+        view.branch_v = [t[:0] for t in self.branch_v]
+        return view
+
     def reorder_branches(self, order: torch.Tensor) -> None:
         """Branch b takes the cached tail of branch ``order[b]`` (beam reordering)."""
         for store in (self.branch_k, self.branch_v):

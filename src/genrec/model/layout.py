@@ -193,13 +193,13 @@ class Readout:
 
 def branch_last_readout(
     prefix_len: Lengths, branch_request: Lengths, branch_len: Lengths, last_rows: torch.Tensor,
-    branch_cap: int,
+    branch_cap: int, prefix_cap: int | None = None,
 ) -> Readout:
     """Readout of each branch's last token (a branch of n keys reads keys 0..n-1)."""
     lens = _as_long(branch_len, "branch_len")
     n_req = _as_long(prefix_len, "prefix_len").numel()
     layout = build_layout(
         [0] * n_req, branch_request, torch.ones_like(lens), prefix_cached=prefix_len,
-        branch_cached=lens - 1, branch_cap=branch_cap,
+        branch_cached=lens - 1, branch_cap=branch_cap, prefix_cap=prefix_cap,
     )
     return Readout(rows=last_rows, layout=layout)
