@@ -57,7 +57,7 @@ def served(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                                 stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: b"Ray Serve replica(s) on" in log.read_bytes()
-                   or proc.poll() is not None, timeout=120)
+                   or proc.poll() is not None, timeout=300)
         assert proc.poll() is None, log.read_text()
         yield url
         proc.send_signal(signal.SIGTERM)

@@ -188,6 +188,11 @@ def start(spec: AppSpec, replicas: int, host: str = "127.0.0.1", port: int = 800
     if replicas < 1:
         raise ValueError(f"replicas: must be at least 1, got {replicas}")
     spec.check()
+    # Ray Serve's proxy health checks time out after 5-10 s; on a small, busy machine the proxy
+    # can miss them while replicas load their models. A local Ray inherits these from here.
+    for name, seconds in (("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60"),
+                          ("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")):
+        os.environ.setdefault(name, seconds)
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
             ray.init()
