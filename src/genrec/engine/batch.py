@@ -50,9 +50,12 @@ def _as_user_vector(vector: object, limits: RequestLimits, field: str) -> torch.
     return v
 
 
-def _locate(row: int, part_starts: list[int], part_names: list[str]) -> str:
+def _locate(
+    row: int, part_starts: list[int], part_names: list[str | tuple[str, int]]
+) -> str:
     i = max(0, bisect.bisect_right(part_starts, row) - 1)
-    return part_names[i]
+    name = part_names[i]
+    return name if isinstance(name, str) else f"{name[0]}.candidates[{name[1]}]"
 
 
 def pack_requests(
@@ -70,7 +73,7 @@ def pack_requests(
     packer = InputPacker()
     prefix_lens, branch_lens, branch_req, starts, prefix_last, counts = [], [], [], [], [], []
     part_starts: list[int] = []
-    part_names: list[str] = []
+    part_names: list[str | tuple[str, int]] = []
     req_starts: list[int] = []
     for r, (prefix, cands) in enumerate(zip(prefixes, branches, strict=True)):
         where = f"{field}[{r}]"
@@ -84,17 +87,17 @@ def pack_requests(
         prefix_lens.append(p_len)
         prefix_last.append(base + p_len - 1 if p_len else -1)
         for c, cand in enumerate(cands):
-            name = f"{where}.candidates[{c}]"
-            starts.append(len(packer))
-            part_starts.append(len(packer))
-            part_names.append(name)
-            n = packer.add(cand, name)
+            start = len(packer)
+            starts.append(start)
+            part_starts.append(start)
+            part_names.append((where, c))  # named only when an error is reported
+            n = packer.add(cand, lambda w=where, c=c: f"{w}.candidates[{c}]")
             if n == 0:
-                raise InputError(f"{name}: empty candidate")
+                raise InputError(f"{where}.candidates[{c}]: empty candidate")
             if p_len + n > limits.max_positions:
                 raise InputError(
-                    f"{name}: prefix ({p_len}) + candidate ({n}) tokens exceed "
-                    f"the model's maximum of {limits.max_positions} positions"
+                    f"{where}.candidates[{c}]: prefix ({p_len}) + candidate ({n}) tokens "
+                    f"exceed the model's maximum of {limits.max_positions} positions"
                 )
             branch_lens.append(n)
             branch_req.append(r)

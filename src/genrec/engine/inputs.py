@@ -8,7 +8,7 @@ token placeholder id marks where the projected user vector goes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +45,10 @@ class PackedInputs:
     user_vectors: torch.Tensor | None  # [S, user_dim]
 
 
+def _name(field: str | Callable[[], str]) -> str:
+    return field if isinstance(field, str) else field()
+
+
 class InputPacker:
     """Collects parts in packing order, then emits one :class:`PackedInputs`."""
 
@@ -56,8 +60,15 @@ class InputPacker:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def add(self, part: Part, field: str) -> int:
-        """Append a part; returns its length. ``field`` names it in error messages."""
+    def add(self, part: Part, field: str | Callable[[], str]) -> int:
+        """Append a part; returns its length. ``field`` names it in error messages (a callable
+        is only called when there is an error)."""
+        if type(part) is list and all(type(e) is int for e in part):  # fast path
+            if part and min(part) < 0:
+                raise InputError(f"{_name(field)}: negative token id {min(part)}")
+            self._ids.extend(part)
+            return len(part)
+        field = _name(field)
         if isinstance(part, torch.Tensor):
             part = part.tolist()
         if isinstance(part, (str, bytes)) or not isinstance(part, Sequence):
