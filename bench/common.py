@@ -323,3 +323,14 @@ def format_table(headers: list[str], rows: list[list[str]]) -> str:
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def finish(json_path: str | None, payload: dict, ok: bool) -> int:
+    """Write ``payload`` to ``json_path`` (when given) and return the exit code: 1 when the
+    engines' scores disagreed, so the throughput figures compare different answers."""
+    if json_path:
+        write_json(json_path, payload)
+        print(f"\nwrote {json_path}")
+    if not ok:
+        print("\nSCORES DISAGREE: the throughput figures above compare different answers.")
+    return 0 if ok else 1

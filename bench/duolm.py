@@ -488,17 +488,12 @@ def report(args: argparse.Namespace, shape: cm.ModelShape, machine: dict, prompt
                 if n * len(requests) in vllm.cached]
         print("vLLM prefix-cache hits (cached of prompt tokens, last timed call): "
               + ", ".join(f"N={n}: {h} of {t}" for n, (h, t) in hits))
-    if args.json:
-        cm.write_json(args.json, {
+    return cm.finish(args.json, {
             "machine": machine, "teacher_shape": replace(shape, vocab=tp.vocab_size),
             "student_shape": replace(shape, vocab=sp.vocab_size), "args": vars(args),
             "prompts": prompts, "records": [r.as_json() for r in records], "ratios": ratios,
             "flops": flops, "checks": check_lines, "scores_agree": ok,
-        })
-        print(f"\nwrote {args.json}")
-    if not ok:
-        print("\nSCORES DISAGREE: the throughput figures above compare different answers.")
-    return 0 if ok else 1
+        }, ok)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

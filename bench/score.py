@@ -219,16 +219,11 @@ def report(args: argparse.Namespace, shape: cm.ModelShape, machine: dict, peaks:
           "setting; targets: >= 70% of peak, (c)/(d) >= 1.5")
     print(cm.format_table(["dtype", "mode", "N", "GFLOP", "GFLOP/s", "% dtype peak",
                         "% best peak", "% probe before", "(c)/(d)"], flops_rows))
-    if args.json:
-        cm.write_json(args.json, {
+    return cm.finish(args.json, {
             "machine": machine, "shape": shape, "args": vars(args), "matmul_peak": peaks,
             "records": [r.as_json() for r in records], "genrec_flops": flops_json,
             "checks": check_lines, "scores_agree": ok,
-        })
-        print(f"\nwrote {args.json}")
-    if not ok:
-        print("\nSCORES DISAGREE: the throughput figures above compare different answers.")
-    return 0 if ok else 1
+        }, ok)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

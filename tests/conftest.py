@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# The serving tests' server fixtures (engine, full, bare) live in serving_support.py.
+pytest_plugins = ["serving_support"]
+
 # Unit tests run tiny tensors: one thread avoids OpenMP spin contention on small CPUs.
 torch.set_num_threads(1)
 

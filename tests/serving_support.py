@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import httpx
+import pytest
 import torch
 
 from genrec import BeamParams, Engine, EngineConfig, RecommendRequest, ScoreParams, ScoreRequest
@@ -15,7 +16,7 @@ from genrec.catalog.item_table import ItemTable
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.generative.vocab import BOS_ID, NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.model import ModelConfig, build_model
-from genrec.serving import RankRequest
+from genrec.serving import BackgroundServer, RankRequest, ServeConfig, create_app
 
 SIZES = [5, 4, 3]
 N_ITEMS = 40
@@ -130,3 +131,23 @@ def is_ready(url: str) -> bool:
     except httpx.HTTPError:
         return False
 
+
+# Server fixtures shared by the serving test modules (import them by name there).
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return tiny_engine()
+
+@pytest.fixture(scope="module")
+def full(engine: Engine) -> Iterator[tuple[str, Updater]]:
+    updater = Updater()
+    app = create_app(engine, ranker=EngineRanker(engine), catalog_updater=updater,
+                     tokenizer=CharTokenizer(), config=ServeConfig(max_wait_ms=20))
+    with BackgroundServer(app) as server:
+        yield server.url, updater
+
+
+@pytest.fixture(scope="module")
+def bare(engine: Engine) -> Iterator[str]:
+    with BackgroundServer(create_app(engine)) as server:
+        yield server.url

@@ -3,7 +3,6 @@ answers like the offline engine, concurrent requests included."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -20,31 +19,10 @@ from serving_support import (
     Updater,
     offline,
     post,
-    tiny_engine,
 )
 
 from genrec import Engine, ScoreParams
-from genrec.serving import BackgroundServer, RankRequest, ServeConfig, create_app
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    return tiny_engine()
-
-
-@pytest.fixture(scope="module")
-def full(engine: Engine) -> Iterator[tuple[str, Updater]]:
-    updater = Updater()
-    app = create_app(engine, ranker=EngineRanker(engine), catalog_updater=updater,
-                     tokenizer=CharTokenizer(), config=ServeConfig(max_wait_ms=20))
-    with BackgroundServer(app) as server:
-        yield server.url, updater
-
-
-@pytest.fixture(scope="module")
-def bare(engine: Engine) -> Iterator[str]:
-    with BackgroundServer(create_app(engine)) as server:
-        yield server.url
+from genrec.serving import RankRequest
 
 
 def test_health_ready_metrics(full: tuple[str, Updater]) -> None:

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -21,13 +20,11 @@ pytest.importorskip("httpx")
 import httpx
 from serving_support import (
     RECOMMEND,
-    CharTokenizer,
     EngineRanker,
     Updater,
     is_ready,
     offline,
     post,
-    tiny_engine,
     wait_until,
 )
 
@@ -35,27 +32,6 @@ from genrec import Engine
 from genrec.model import save_model
 from genrec.serving import BackgroundServer, RankRequest, ServeConfig, create_app
 from genrec.serving.server import free_port
-
-
-@pytest.fixture(scope="module")
-def engine() -> Engine:
-    return tiny_engine()
-
-
-@pytest.fixture(scope="module")
-def full(engine: Engine) -> Iterator[tuple[str, Updater]]:
-    updater = Updater()
-    app = create_app(engine, ranker=EngineRanker(engine), catalog_updater=updater,
-                     tokenizer=CharTokenizer(), config=ServeConfig(max_wait_ms=20))
-    with BackgroundServer(app) as server:
-        yield server.url, updater
-
-
-@pytest.fixture(scope="module")
-def bare(engine: Engine) -> Iterator[str]:
-    with BackgroundServer(create_app(engine)) as server:
-        yield server.url
-
 
 BAD = [
     ("/v1/recommend", {"history": "abc"}, 422, "history"),
