@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import subprocess
 import sys
@@ -75,34 +76,77 @@ def offline_rate(call: Any, payloads: list[Any], batch: int, seconds: float) -> 
     return done / (time.perf_counter() - start)
 
 
-async def load(url: str, path: str, bodies: list[dict], concurrency: int,
-               seconds: float) -> dict[str, float]:
-    """``concurrency`` clients sending ``bodies`` round robin for ``seconds``."""
-    import httpx
+async def _raw_post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    request: bytes) -> int:
+    """One HTTP/1.1 keep-alive request on an open connection; returns the status code."""
+    writer.write(request)
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line[:15].lower() == b"content-length:":
+            length = int(line[15:])
+    await reader.readexactly(length)
+    return status
 
+
+async def load(url: str, path: str, bodies: list[dict], concurrency: int,
+               seconds: float, client: str = "raw") -> dict[str, float]:
+    """``concurrency`` clients sending ``bodies`` round robin for ``seconds``.
+
+    ``raw``: one keep-alive connection per client, requests pre-encoded, a minimal HTTP/1.1
+    exchange (the clients share the server's cores, so a cheap client disturbs it least);
+    ``httpx``: httpx.AsyncClient.
+    """
     latencies: list[float] = []
     errors = 0
-    limits = httpx.Limits(max_connections=concurrency + 2)
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
-        for body in bodies[:concurrency]:  # warm-up: connections open
-            await client.post(path, json=body)
-        end = time.perf_counter() + seconds
+    host, port = url.split("//", 1)[1].split(":")
+    encoded = []
+    for body in bodies:
+        data = json.dumps(body).encode()
+        encoded.append(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
+                       f"application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+                       + data)
+    if client == "httpx":
+        import httpx
 
-        async def worker(k: int) -> None:
-            nonlocal errors
-            i = k
-            while time.perf_counter() < end:
-                t0 = time.perf_counter()
-                r = await client.post(path, json=bodies[i % len(bodies)])
-                if r.status_code == 200:
-                    latencies.append(time.perf_counter() - t0)
-                else:
-                    errors += 1
-                i += concurrency
+        limits = httpx.Limits(max_connections=concurrency + 2)
+        http = httpx.AsyncClient(base_url=url, timeout=60, limits=limits)
 
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(k) for k in range(concurrency)))
-        wall = time.perf_counter() - start
+        async def post(i: int, _conn: Any) -> int:
+            return (await http.post(path, json=bodies[i % len(bodies)])).status_code
+    else:
+        http = None
+
+        async def post(i: int, conn: Any) -> int:
+            return await _raw_post(*conn, encoded[i % len(encoded)])
+
+    conns = [await asyncio.open_connection(host, int(port)) if http is None else None
+             for _ in range(concurrency)]
+    for k in range(concurrency):  # warm-up: connections open
+        await post(k, conns[k])
+    end = time.perf_counter() + seconds
+
+    async def worker(k: int) -> None:
+        nonlocal errors
+        i = k
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            if await post(i, conns[k]) == 200:
+                latencies.append(time.perf_counter() - t0)
+            else:
+                errors += 1
+            i += concurrency
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(k) for k in range(concurrency)))
+    wall = time.perf_counter() - start
+    for conn in conns:
+        if conn is not None:
+            conn[1].close()
+    if http is not None:
+        await http.aclose()
     if not latencies:
         return {"requests_per_s": 0.0, "p50_ms": float("nan"), "p99_ms": float("nan"),
                 "errors": errors}
@@ -153,6 +197,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (server and offline)")
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--client", default="raw", choices=["raw", "httpx"],
+                   help="load generator: minimal keep-alive HTTP/1.1 (raw) or httpx")
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
 
@@ -199,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for path, reqs in bodies.items():
             for c in levels:
-                res = asyncio.run(load(f"http://127.0.0.1:{port}", path, reqs, c, args.duration))
+                res = asyncio.run(load(f"http://127.0.0.1:{port}", path, reqs, c, args.duration,
+                                       args.client))
                 rec = {"endpoint": path, "concurrency": c, **res,
                        "offline_requests_per_s": offline[path],
                        "ratio": res["requests_per_s"] / offline[path]}
