@@ -47,6 +47,11 @@ def test_teacher_student_store_eval(tmp_path: Path) -> None:
     for name in ("student", "teacher"):
         assert {"ndcg@10", "recall@10", "mrr", "users"} <= set(metrics[name])
         assert metrics[name]["users"] == 12
+    # without --store the catalog is encoded on the spot: the same table, the same metrics
+    invoke("eval", "--model", student, "--data", data, "--negatives", "9", "--users", "12",
+           "--json", tmp_path / "m2.json", "--no-progress", "--device", "cpu")
+    again = json.loads((tmp_path / "m2.json").read_text())["student"]
+    assert abs(again["ndcg@10"] - metrics["student"]["ndcg@10"]) < 1e-6
 
 
 def test_duolm_errors_are_clear(tmp_path: Path) -> None:

@@ -17,7 +17,6 @@ from genrec.duolm.prompts import (
     STUDENT_VOCAB_SIZE,
     StudentPrompts,
     TeacherPrompts,
-    check_items,
     feedback_id,
     truncate_history,
 )
@@ -78,15 +77,6 @@ def test_student_feedback_errors_name_the_field() -> None:
         p.prefix([1, 2], feedback=["like", "love"])
     with pytest.raises(ValueError, match="feedback"):
         feedback_id("rating_6")
-
-
-def test_check_items_names_the_field() -> None:
-    check_items([0, 4], 5, "history")
-    check_items([], 5, "history")
-    with pytest.raises(ValueError, match=r"history: unknown item id 5 \(catalog has 0..4\)"):
-        check_items([1, 5], 5, "history")
-    with pytest.raises(ValueError, match="candidates: unknown item id -1"):
-        check_items([-1], 5, "candidates")
 
 
 ITEM_TEXT = {

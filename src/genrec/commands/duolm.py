@@ -339,18 +339,18 @@ def eval_rankers(
 
 def _student(folder: Path, store: Path | None, ds: Dataset, progress: bool, dev: str,
              cls):  # noqa: ANN001, ANN202
-    from genrec.catalog.item_table import ItemTable
-    from genrec.duolm.encoder import ItemEncoder
-    from genrec.duolm.prompts import SOFT_ID
-    from genrec.duolm.ranker import ENCODER_DIR
-    from genrec.engine import Engine
-    from genrec.engine.params import EngineConfig
-    from genrec.model import load_model
+    """The student with the store's table, or with the catalog encoded now (no ``store``)."""
+    import torch
 
-    if store is not None:
-        return cls.from_pretrained(folder, store, device=dev)
-    encoder = ItemEncoder.load(folder / ENCODER_DIR, dev)
-    cache = folder.parent / FEATURES_FILE
-    feats = catalog_features(encoder.config, ds, cache if cache.is_file() else None, progress)
-    engine = Engine(load_model(folder, device=dev), config=EngineConfig(soft_token_id=SOFT_ID))
-    return cls(engine, ItemTable(encoder.encode_all(feats)), encoder, list(ds.item_ids))
+    from genrec.duolm.encoder import ItemEncoder
+    from genrec.duolm.ranker import ENCODER_DIR
+    from genrec.duolm.store import StoreVersion
+
+    if store is None:
+        encoder = ItemEncoder.load(folder / ENCODER_DIR, dev)
+        cache = folder.parent / FEATURES_FILE
+        feats = catalog_features(encoder.config, ds, cache if cache.is_file() else None,
+                                 progress)
+        store = StoreVersion(encoder.encode_all(feats), torch.ones(ds.num_items, dtype=torch.bool),
+                             0, list(ds.item_ids))
+    return cls.from_pretrained(folder, store, device=dev)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from genrec.duolm.prompts import NO_TEXT
 from genrec.model.config import ModelConfig
 from genrec.model.decoder import DecoderLM
 from genrec.model.layout import build_layout
@@ -112,7 +113,7 @@ def compute_features(
     """Frozen features of item texts for ``config.backend`` (empty text: ``"(no text)"``)."""
     from genrec.catalog.embeddings import SentenceEncoder, bundled_model_path
 
-    texts = [t if t.strip() else "(no text)" for t in texts]
+    texts = [t if t.strip() else NO_TEXT for t in texts]
     if config.backend == "minilm":
         enc = SentenceEncoder(max_length=config.max_text_tokens)
         if enc.dim != config.feature_dim:

@@ -23,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-import torch
-
 from genrec.catalog.embeddings import bundled_model_path, format_item_text
 
 # Student vocabulary: a few special tokens, then feedback tokens; item tokens come after.
+# SCORE_ID is reserved (unused since candidates are read at their last item token): kept so
+# that the ids after it, and trained checkpoints, stay valid.
 PAD_ID, BOS_ID, SOFT_ID, SEP_ID, SCORE_ID, YES_ID, NO_ID = range(7)
 FEEDBACK = ("rating_1", "rating_2", "rating_3", "rating_4", "rating_5", "like", "skip")
 FEEDBACK_BASE = 7
@@ -148,10 +148,3 @@ class TeacherPrompts:
         """``full_text(c) score``."""
         return self.texts[item] + [self.score_id]
 
-
-def check_items(items: Sequence[int], num_items: int, field_name: str) -> None:
-    """Raise ValueError naming ``field_name`` when an id is not a catalog item."""
-    t = torch.as_tensor(list(items), dtype=torch.long)
-    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= num_items):
-        bad = int(t[(t < 0) | (t >= num_items)][0])
-        raise ValueError(f"{field_name}: unknown item id {bad} (catalog has 0..{num_items - 1})")

@@ -21,7 +21,7 @@ import torch
 from genrec.catalog.item_table import ItemTable
 from genrec.duolm.encoder import ItemEncoder, compute_features
 from genrec.duolm.prompts import SOFT_ID, YES_ID, StudentPrompts, TeacherPrompts
-from genrec.duolm.store import load_store, write_store
+from genrec.duolm.store import StoreVersion, load_store, write_store
 from genrec.engine.engine import Engine
 from genrec.engine.inputs import InputError
 from genrec.engine.params import EngineConfig, ScoreParams, ScoreRequest
@@ -121,15 +121,16 @@ class DuoRanker:
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, store: str | Path, device: str = "cpu",
+        cls, path: str | Path, store: str | Path | StoreVersion, device: str = "cpu",
         dtype: str | torch.dtype | None = None,
     ) -> DuoRanker:
-        """Load a student checkpoint and the current version of an item store."""
+        """Load a student checkpoint and the current version of an item store (a store folder,
+        or representations already in memory)."""
         meta = read_meta(path)
         if meta.get("kind") != "student":
             raise ValueError(f"{path}: a {meta.get('kind')} checkpoint, not a DuoLM student")
         model = load_model(path, dtype=dtype, device=device)
-        snapshot = load_store(store)
+        snapshot = store if isinstance(store, StoreVersion) else load_store(store)
         encoder_dir = Path(path) / ENCODER_DIR
         encoder = ItemEncoder.load(encoder_dir, device) if encoder_dir.is_dir() else None
         engine = Engine(model, config=EngineConfig(soft_token_id=SOFT_ID))
