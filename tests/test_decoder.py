@@ -114,3 +114,22 @@ def test_bf16_model_keeps_fp32_rotary_frequencies(qwen3_dir) -> None:
         ref = hf(ids[None]).logits[0]
     assert bf16.rotary.inv_freq(torch.device("cpu")).dtype == torch.float32
     assert (ours - ref).abs().max() < 0.1 * ref.abs().max()
+
+
+def test_dropout_applies_only_in_training_mode(qwen3_dir) -> None:
+    model = load_model(qwen3_dir)
+    layout = build_layout([6], [0, 0], [3, 2])
+    embeds = model.model.embed_tokens(torch.randint(0, 128, (11,))).detach()
+    with torch.no_grad():
+        plain = model.eval()(embeds, layout.positions, layout)
+        model.set_dropout(0.3)
+        assert (model(embeds, layout.positions, layout) - plain).abs().max() < 1e-6
+        model.train()
+        torch.manual_seed(0)
+        dropped = model(embeds, layout.positions, layout)
+        model.set_dropout(0.0)
+        undropped = model(embeds, layout.positions, layout)
+    assert (dropped - plain).abs().max() > 1e-3
+    assert (undropped - plain).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="dropout"):
+        model.set_dropout(1.0)

@@ -124,3 +124,23 @@ def test_schedule_and_config_checks() -> None:
     assert warmup_cosine(55, 100, 10, 0.0) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="warmup_ratio"):
         LoopConfig(warmup_ratio=1.5).validate()
+
+
+def test_validation_runs_in_eval_mode_and_training_resumes_in_train_mode(tmp_path: Path) -> None:
+    modes = []
+
+    class ModeTask(ScriptedTask):
+        def validate(self, model):
+            modes.append(model.training)
+            return super().validate(model)
+
+        def loss(self, model, batch):
+            modes.append(model.training)
+            return super().loss(model, batch)
+
+    task = ModeTask([0.1, 0.2])
+    fit(model_for(task).set_dropout(0.1), task, tmp_path, config(2))
+    # per epoch: training steps (True ...), then one validation (False)
+    assert modes.count(False) == 2 and modes[-1] is False and modes[0] is True
+    first_val = modes.index(False)
+    assert all(modes[first_val + 1 : -1])

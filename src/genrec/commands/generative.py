@@ -142,6 +142,8 @@ def train_generative(
     batch_tokens: Annotated[int, typer.Option(min=1, help="Tokens per step.")] = 4096,
     lr: float = 1e-3, weight_decay: float = 0.01, warmup_ratio: float = 0.05,
     grad_clip: float = 1.0,
+    dropout: Annotated[float, typer.Option(min=0.0, max=0.9, help="Dropout on the embeddings "
+                                                                   "and residual branches.")] = 0.0,
     patience: Annotated[int, typer.Option(min=0, help="Early-stopping patience (0: off).")] = 5,
     max_history: Annotated[int, typer.Option(min=1)] = 20,
     val_users: Annotated[int, typer.Option(min=0, help="Validation sample (0: none).")] = 2000,
@@ -184,6 +186,7 @@ def train_generative(
                 model = gen.build_model(gen.scratch_config(
                     vocab, hidden, layers, heads, kv_heads, head_dim, intermediate, dim))
                 gen.init_weights(model)
+        model.set_dropout(dropout)
         val = split_examples(ds.sequences, "val", max_history, val_users, seed) \
             if val_users else []
         task = gen.GenerativeTask(

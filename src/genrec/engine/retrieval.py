@@ -56,10 +56,10 @@ def recommend_batch(
     )
     items, scores = result.items[:, : params.n].cpu(), result.scores[:, : params.n].cpu()
     out = []
-    for row_items, row_scores in zip(items, scores, strict=True):
-        keep = row_items >= 0
-        out.append(Recommendation(items=row_items[keep].tolist(),
-                                  scores=row_scores[keep].tolist()))
+    for row_items, row_scores in zip(items.tolist(), scores.tolist(), strict=True):
+        keep = [k for k, item in enumerate(row_items) if item >= 0]  # -1: fewer valid items
+        out.append(Recommendation(items=[row_items[k] for k in keep],
+                                  scores=[row_scores[k] for k in keep]))
     return out
 
 

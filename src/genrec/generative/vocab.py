@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -31,6 +31,9 @@ class SidVocab:
     index: SemanticIndex
     base: int = NUM_SPECIAL
     max_history: int = 20
+    # each item's token ids as a Python list, built on the first prompt (the index's codes are
+    # immutable): prompts are then built without a tensor op per request
+    _rows: list[list[int]] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def vocab_size(self) -> int:
@@ -55,13 +58,23 @@ class SidVocab:
             if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
                 raise ValueError(f"{field}: unknown item id {i!r} (catalog has 0..{n - 1})")
 
-    def prompt(self, history: Sequence[int], soft_token: bool = False) -> list[int]:
-        """``bos [soft] sid(h_1) ... sid(h_n)`` over the last ``max_history`` items."""
-        history = list(history)[-self.max_history :] if self.max_history else list(history)
+    def prompt(self, history: Sequence[int], soft_token: bool = False,
+               truncate: bool = True) -> list[int]:
+        """``bos [soft] sid(h_1) ... sid(h_n)`` over the last ``max_history`` items (all of
+        them when ``truncate`` is False)."""
+        keep = self.max_history if truncate else 0
+        history = list(history)[-keep:] if keep else list(history)
         head = [BOS_ID, SOFT_ID] if soft_token else [BOS_ID]
         if not history:
             return head
-        return head + self.item_tokens(history).reshape(-1).tolist()
+        if self._rows is None:
+            self._rows = self.item_tokens(torch.arange(self.index.num_items)).tolist()
+        rows = self._rows
+        n = len(rows)
+        for i in history:
+            if not -n <= i < n:
+                raise IndexError(f"item id {i} is out of range for {n} items")
+        return head + [t for i in history for t in rows[i]]
 
     def save(self, directory: str | Path) -> None:
         """Write the index and this layout beside a model checkpoint (atomically)."""

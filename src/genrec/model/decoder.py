@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from genrec.model.attention import KVCache, prefix_branch_attention
@@ -31,7 +32,7 @@ class Attention(nn.Module):
 
     def forward(
         self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-        layout: AttentionLayout, cache: KVCache, layer: int, residual: torch.Tensor,
+        layout: AttentionLayout, cache: KVCache, layer: int, residual: torch.Tensor | None,
         readout: Readout | None = None,
     ) -> torch.Tensor:
         """x: [T, hidden] (normed) -> residual + attention output [T, hidden], or only the
@@ -45,7 +46,8 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         pk, pv, bk, bv = cache.write(layer, k, v, layout)
         if readout is not None:
-            q, residual, layout = q[readout.rows], residual[readout.rows], readout.layout
+            q, layout = q[readout.rows], readout.layout
+            residual = None if residual is None else residual[readout.rows]
             n = q.shape[0]
         out = prefix_branch_attention(q, pk, pv, bk, bv, layout, self.scale)
         return linear(out.reshape(n, self.heads * self.head_dim), self.o_proj, add=residual)
@@ -59,7 +61,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x, rope, layout, cache, layer, readout=None):  # noqa: ANN001 - see DecoderLM
+    def forward(self, x, rope, layout, cache, layer, readout=None, dropout=0.0):  # noqa: ANN001
+        if dropout:  # training only: dropout on each residual branch (no fused residual add)
+            x = x + F.dropout(self.self_attn(self.input_layernorm(x), rope, layout, cache, layer,
+                                             residual=None), dropout, training=True)
+            return x + F.dropout(self.mlp(self.post_attention_layernorm(x)), dropout,
+                                 training=True)
         x = self.self_attn(self.input_layernorm(x), rope, layout, cache, layer, residual=x,
                            readout=readout)
         return self.mlp(self.post_attention_layernorm(x), residual=x)
@@ -93,6 +100,16 @@ class DecoderLM(nn.Module):
             SoftTokenProjector(cfg.user_dim, cfg.hidden_size) if cfg.user_dim else None
         )
         self.score_head = nn.Linear(cfg.hidden_size, 1) if cfg.score_head else None
+        # Training-time regularisation, not part of the checkpoint: applied to the input
+        # embeddings and each residual branch while ``self.training`` (see ``set_dropout``).
+        self.dropout = 0.0
+
+    def set_dropout(self, p: float) -> DecoderLM:
+        """Dropout probability used in training mode (0 disables it); returns self."""
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {p}")
+        self.dropout = float(p)
+        return self
 
     @property
     def device(self) -> torch.device:
@@ -132,10 +149,11 @@ class DecoderLM(nn.Module):
         if cache is None:
             cache = self.new_cache(layout)
         rope = self.rotary.cos_sin(positions, embeds.dtype)
-        x = embeds
+        p = self.dropout if self.training and readout is None else 0.0
+        x = F.dropout(embeds, p, training=True) if p else embeds
         last = len(self.model.layers) - 1
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, rope, layout, cache, i, readout if i == last else None)
+            x = layer(x, rope, layout, cache, i, readout if i == last else None, p)
         return self.model.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -87,10 +87,10 @@ class Service:
                            field: str = "history") -> RecommendRequest:
         n_items = self._vocab().index.num_items
         for name, items in ((field, history), ("exclude", exclude), ("allow", allow)):
-            ids = torch.as_tensor(items if items is not None else [], dtype=torch.int64)
-            bad = ids[(ids < 0) | (ids >= n_items)]
-            if bad.numel():
-                raise ValueError(f"{name}: unknown item id {int(bad[0])} (catalog has "
+            # plain Python: a tensor op per request would contend with the engine thread
+            bad = [i for i in items or () if not 0 <= i < n_items]
+            if bad:
+                raise ValueError(f"{name}: unknown item id {bad[0]} (catalog has "
                                  f"0..{n_items - 1})")
         if not history and user_vector is None:
             raise ValueError(f"{field}: empty history and no user_vector")

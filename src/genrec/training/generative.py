@@ -56,7 +56,7 @@ def make_windows(items: Sequence[int], max_history: int) -> list[list[int]]:
 
 def window_tokens(vocab: SidVocab, items: Sequence[int], soft_token: bool) -> tuple[list, list]:
     """Token ids of a window's prompt and its labels (next-token targets, -100 = no loss)."""
-    ids = dataclasses.replace(vocab, max_history=0).prompt(items, soft_token=soft_token)
+    ids = vocab.prompt(items, soft_token=soft_token, truncate=False)
     first_target = (2 if soft_token else 1) + vocab.num_levels  # first token of item 2
     labels = [IGNORE] * len(ids)
     labels[first_target - 1 : -1] = ids[first_target:]

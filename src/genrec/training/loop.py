@@ -233,6 +233,7 @@ def fit(
             break
         stats = _run_epoch(model, task, epoch, cfg, optimizer, scheduler)
         start = time.perf_counter()
+        model.eval()  # no dropout while validating
         metrics = task.validate(model)
         model.train()
         entry = {"epoch": epoch + 1, **stats, "val_seconds": time.perf_counter() - start}
