@@ -162,6 +162,8 @@ def start_server(args: argparse.Namespace, model: Path, port: int) -> subprocess
            "--max-queue", "4096"]
     if args.ranker:
         cmd += ["--ranker", args.ranker, "--catalog", args.catalog]
+    if args.engine_process:
+        cmd.append("--engine-process")
     proc = subprocess.Popen(cmd)
     import httpx
 
@@ -197,6 +199,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (server and offline)")
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--engine-process", action="store_true",
+                   help="genrec serve --engine-process: the engine in its own process")
     p.add_argument("--client", default="raw", choices=["raw", "httpx"],
                    help="load generator: minimal keep-alive HTTP/1.1 (raw) or httpx")
     p.add_argument("--json", default=None)

@@ -37,6 +37,10 @@ def serve(
     dtype: Annotated[str | None, typer.Option(help="float32 | bfloat16 | float16 (default: "
                                                    "the checkpoint's).")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
+    engine_process: Annotated[bool, typer.Option(
+        "--engine-process", help="Run the engine in its own process (the HTTP handling then "
+                                 "does not take turns with it; the model is loaded twice).")
+    ] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
     ray: Annotated[bool, typer.Option("--ray", help="Serve as a Ray Serve deployment (needs "
                                                     "the 'ray' extras); each replica loads "
@@ -63,7 +67,8 @@ def serve(
     from genrec.serving.ray_app import AppSpec, load_app
 
     config = ServeConfig(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
-                         max_queue=max_queue, model_name=model.name)
+                         max_queue=max_queue, model_name=model.name,
+                         engine_process=engine_process)
     spec = AppSpec.of(model, ranker, catalog, tokenizer, device=device, dtype=dtype,
                       threads=threads, config=config)
     if ray:

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from genrec.engine import Engine
 from genrec.serving import schemas as S
 from genrec.serving.backends import CatalogUpdater, Ranker, make_runner
+from genrec.serving.engine_process import EngineProcess
 from genrec.serving.metrics import ServerMetrics
 from genrec.serving.scheduler import (
     BatchScheduler,
@@ -38,7 +39,8 @@ ROUTES = ("/v1/recommend", "/v1/rank", "/v1/score", "/v1/completions", "/v1/cata
 
 @dataclass
 class ServeConfig:
-    """Server settings: dynamic batching, queue bound, draining and body size."""
+    """Server settings: dynamic batching, queue bound, draining, body size, and whether the
+    engine batches run in a child process (``engine_process``; used by ``load_app``)."""
 
     max_batch_size: int = 32
     max_wait_ms: float = 5.0
@@ -47,6 +49,7 @@ class ServeConfig:
     drain_timeout_s: float = 30.0
     max_body_bytes: int = 64 * 1024 * 1024
     retry_after_s: int = 1
+    engine_process: bool = False  # run engine batches in a child process (engine_process.py)
 
 
 def _field(loc: tuple[Any, ...]) -> str:
@@ -138,7 +141,7 @@ def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> J
 def create_app(
     engine: Engine, *, ranker: Ranker | None = None,
     catalog_updater: CatalogUpdater | None = None, tokenizer: Any = None,
-    config: ServeConfig | None = None,
+    config: ServeConfig | None = None, engine_process: EngineProcess | None = None,
 ) -> FastAPI:
     """The server around ``engine`` (and optionally a ranker for ``/v1/rank`` and reranking,
     a catalog updater for ``/v1/catalog/items``, a tokenizer for text in ``/v1/score``).
@@ -146,13 +149,20 @@ def create_app(
     ``app.state.service`` and ``app.state.scheduler`` give access to them; set
     ``app.state.draining = True`` (or call ``app.state.scheduler.begin_drain()``) to make
     ``/ready`` answer 503 before a shutdown.
+
+    ``engine_process``: run the engine batches in that process instead of this one (see
+    :mod:`genrec.serving.engine_process`); this process keeps ``engine`` & co. to check
+    requests and mirror catalog updates. It is closed with the app.
     """
     config = config or ServeConfig()
     holder: dict[str, Service] = {}
     metrics = ServerMetrics(lambda: scheduler.queue_depth(),
                             lambda: holder["service"].catalog_version())
     runner = make_runner(engine, ranker, catalog_updater,
-                         lambda: holder["service"].catalog_version())
+                         lambda: holder["service"].catalog_version(),
+                         lambda: holder["service"].catalog)
+    if engine_process is not None:
+        runner = engine_process.runner(runner)
     scheduler = BatchScheduler(runner, config.max_batch_size, config.max_wait_ms,
                                config.max_queue, observer=metrics.observe_batch)
     service = Service(engine, scheduler, ranker, catalog_updater, tokenizer, config.model_name)
@@ -165,11 +175,14 @@ def create_app(
         if not scheduler.close(config.drain_timeout_s):
             log.warning("engine worker still busy after %.0f s of draining",
                         config.drain_timeout_s)
+        if engine_process is not None:
+            engine_process.close()
 
     app = FastAPI(title="genrec", version="0.1.0", lifespan=lifespan)
     app.state.service, app.state.scheduler, app.state.metrics = service, scheduler, metrics
     app.state.draining = False
     app.state.config = config
+    app.state.engine_process = engine_process
 
     error = _error
 

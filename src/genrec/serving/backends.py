@@ -52,7 +52,7 @@ class CatalogUpdater(Protocol):
 
 def make_runner(
     engine: Engine, ranker: Ranker | None, updater: CatalogUpdater | None,
-    catalog_version: Callable[[], int],
+    catalog_version: Callable[[], int], catalog: Callable[[], Any] | None = None,
 ) -> Callable[[Hashable, list[Any]], Sequence[Any]]:
     """The scheduler's batch runner. Groups (first element: the kind) and results:
 
@@ -63,9 +63,13 @@ def make_runner(
     - ``("rank",)``: payloads ``RankRequest``; results ``(1-D tensor, catalog version)``;
     - ``("upsert", seq)`` / ``("retire", seq)``: one payload (the items / ids); result the new
       catalog version. Running them here serialises them with the engine batches;
-    - ``("catalog", seq)``: one payload, a function of no arguments (a catalog update of
-      :class:`genrec.serving.catalog.ServiceCatalog`); result its return value, likewise
-      serialised with the engine batches.
+    - ``("catalog", seq)``: one payload ``("upsert", items)`` or ``("retire", item_ids)``,
+      applied to the :class:`genrec.serving.catalog.ServiceCatalog` that ``catalog()``
+      returns; result its :class:`~genrec.serving.catalog.CatalogChange`, likewise serialised
+      with the engine batches.
+
+    Payloads and results are plain picklable data, so the same runner can run in another
+    process (:mod:`genrec.serving.engine_process`).
     """
     from genrec.engine import BeamParams, ScoreParams
 
@@ -94,7 +98,11 @@ def make_runner(
         if kind == "retire":
             return [updater.retire(ids) for ids in payloads]
         if kind == "catalog":
-            return [update() for update in payloads]
+            target = catalog() if catalog is not None else None
+            if target is None:
+                raise RuntimeError("no service catalog to update")
+            return [target.upsert(data) if op == "upsert" else target.retire(data)
+                    for op, data in payloads]
         raise RuntimeError(f"unknown batch kind {kind!r}")
 
     return run

@@ -23,7 +23,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -75,15 +75,22 @@ class AppSpec:
                 raise ValueError(f"--{name} {path}: no such file or directory")
 
 
-def load_app(spec: AppSpec, device: str | None = None) -> FastAPI:
-    """Load the engine (and ranker, catalog updater, tokenizer) named by ``spec`` and build
-    the app with :func:`genrec.serving.create_app`. ``device`` overrides ``spec.device``.
+@dataclass
+class Components:
+    """What a server runs: the engine and the optional ranker, catalog updater, tokenizer."""
 
-    Raises ValueError / RuntimeError / OSError (a bad checkpoint, a missing package).
-    """
+    engine: Any
+    ranker: Any = None
+    updater: Any = None
+    tokenizer: Any = None
+
+
+def load_components(spec: AppSpec, device: str | None = None) -> Components:
+    """Load the engine (and ranker, catalog updater, tokenizer) named by ``spec``; ``device``
+    overrides ``spec.device``. Raises ValueError / RuntimeError / OSError (a bad checkpoint,
+    a missing package)."""
     from genrec.commands.generative import resolve_device
     from genrec.engine import Engine
-    from genrec.serving.app import create_app
     from genrec.serving.backends import load_catalog_updater, load_ranker, load_tokenizer
 
     dev = resolve_device(device or spec.device, spec.threads)
@@ -92,8 +99,25 @@ def load_app(spec: AppSpec, device: str | None = None) -> FastAPI:
               if spec.ranker is not None else None)
     updater = load_catalog_updater(spec.catalog, ranker) if spec.catalog is not None else None
     tokenizer = load_tokenizer(spec.tokenizer) if spec.tokenizer is not None else None
-    return create_app(engine, ranker=ranker, catalog_updater=updater, tokenizer=tokenizer,
-                      config=spec.config)
+    return Components(engine, ranker, updater, tokenizer)
+
+
+def load_app(spec: AppSpec, device: str | None = None) -> FastAPI:
+    """Load what ``spec`` names (:func:`load_components`) and build the app with
+    :func:`genrec.serving.create_app`; with ``spec.config.engine_process``, engine batches
+    run in a child process that loads the same (:mod:`genrec.serving.engine_process`).
+
+    Raises ValueError / RuntimeError / OSError (a bad checkpoint, a missing package).
+    """
+    from genrec.serving.app import create_app
+    from genrec.serving.engine_process import EngineProcess
+
+    if device is not None:
+        spec = replace(spec, device=device)
+    parts = load_components(spec)
+    child = EngineProcess(spec) if spec.config.engine_process else None
+    return create_app(parts.engine, ranker=parts.ranker, catalog_updater=parts.updater,
+                      tokenizer=parts.tokenizer, config=spec.config, engine_process=child)
 
 
 class ReplicaMiddleware:

@@ -314,9 +314,9 @@ class Service:
                 catalog.split(items)
             except LookupError as err:
                 raise ApiError(400, str(err)) from None
-            update = lambda: catalog.upsert(items)  # noqa: E731
+            update = ("upsert", items)
         elif op == "retire":
-            update = lambda: catalog.retire(payload)  # noqa: E731
+            update = ("retire", list(payload))
         else:
             raise RuntimeError(f"unknown catalog operation {op!r}")
         change: CatalogChange = await self.scheduler.submit(("catalog", next(self._seq)),

@@ -1,0 +1,157 @@
+"""The engine in its own process (``genrec serve --engine-process``).
+
+In one process, the HTTP event loop and the engine's worker thread share one interpreter lock:
+with a small model, whose batches are many short tensor operations, the request handling and
+the engine take turns instead of running side by side. With ``--engine-process`` the engine
+batches run in a child process (spawned, so it has its own interpreter and torch threads) that
+loads the same model, ranker and catalog from the same :class:`~genrec.serving.ray_app.AppSpec`.
+
+The server process keeps its own copy to check requests before they are queued (item ids,
+vector sizes, ...) and to answer metadata; the scheduler's worker thread sends each batch
+``(group, payloads)`` through a pipe and waits for the results (the batch runner of
+:func:`genrec.serving.backends.make_runner`, run in the child). A catalog update runs in the
+child first and, when it succeeded, the same update runs on the server's copy, so both stay at
+the same catalog version (the update is deterministic; a mismatch is reported as an error).
+
+Errors: a ``ValueError`` in the child (bad input) comes back as ``ValueError`` with the same
+message (HTTP 422, and the scheduler's rerun-alone isolation still works); anything else as
+``RuntimeError``. If the child dies, every call raises ``RuntimeError``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import threading
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from genrec.serving.ray_app import AppSpec
+
+Runner = Callable[[Hashable, list[Any]], Sequence[Any]]
+_CLOSE = b""
+
+
+def _dump(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _portable(err: BaseException) -> BaseException:
+    # exception types with their own constructors may not unpickle: send a plain one
+    if isinstance(err, ValueError):
+        return ValueError(str(err))
+    return RuntimeError(f"{type(err).__name__}: {err}")
+
+
+def _child_main(spec: AppSpec, conn: Any) -> None:
+    """The engine process: load, report ready, then run batches until told to stop."""
+    try:
+        from genrec.serving.backends import make_runner
+        from genrec.serving.ray_app import load_components
+        from genrec.serving.service import Service
+
+        parts = load_components(spec)
+        service = Service(parts.engine, None, parts.ranker, parts.updater,  # type: ignore[arg-type]
+                          parts.tokenizer)
+        run = make_runner(parts.engine, parts.ranker, parts.updater, service.catalog_version,
+                          lambda: service.catalog)
+        conn.send_bytes(_dump((True, service.catalog_version())))
+    except BaseException as err:  # noqa: BLE001 - reported to the server, which stops
+        conn.send_bytes(_dump((False, _portable(err))))
+        return
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        if message == _CLOSE:
+            return
+        group, payloads = pickle.loads(message)
+        try:
+            out: tuple[bool, Any] = (True, list(run(group, payloads)))
+            data = _dump(out)
+        except BaseException as err:  # noqa: BLE001 - the batch's error, sent back
+            data = _dump((False, _portable(err)))
+        conn.send_bytes(data)
+
+
+class EngineProcess:
+    """A child process running engine batches for the server (see the module docstring).
+
+    Starts on construction and waits until the child has loaded everything (raises
+    ``RuntimeError`` with the child's error otherwise); :meth:`close` stops it.
+    """
+
+    def __init__(self, spec: AppSpec, start_timeout_s: float = 600.0) -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe()
+        self._proc = ctx.Process(target=_child_main, args=(spec, child_conn),
+                                 name="genrec-engine", daemon=True)
+        self._proc.start()
+        child_conn.close()
+        self._lock = threading.Lock()
+        ok, value = self._receive(start_timeout_s)
+        if not ok:
+            self.close()
+            raise RuntimeError(f"the engine process failed to start: {value}")
+        self.catalog_version = int(value)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    def _receive(self, timeout_s: float | None = None) -> tuple[bool, Any]:
+        waited = 0.0
+        while not self._conn.poll(1.0):
+            waited += 1.0
+            if not self._proc.is_alive():
+                raise RuntimeError(f"the engine process exited (code {self._proc.exitcode})")
+            if timeout_s is not None and waited >= timeout_s:
+                raise RuntimeError(f"the engine process did not answer in {timeout_s:.0f} s")
+        try:
+            return pickle.loads(self._conn.recv_bytes())
+        except (EOFError, OSError) as err:
+            raise RuntimeError(f"the engine process is gone ({err})") from None
+
+    def call(self, group: Hashable, payloads: list[Any]) -> list[Any]:
+        """Run one batch in the child; its results, or its error raised here."""
+        with self._lock:
+            try:
+                self._conn.send_bytes(_dump((group, payloads)))
+            except (OSError, ValueError) as err:
+                raise RuntimeError(f"the engine process is gone ({err})") from None
+            ok, value = self._receive()
+        if not ok:
+            raise value
+        return value
+
+    def runner(self, local: Runner) -> Runner:
+        """The scheduler's runner: batches run in the child; catalog updates run in the child,
+        then on ``local`` (this process's copy) when they succeeded there."""
+        def run(group: Hashable, payloads: list[Any]) -> Sequence[Any]:
+            results = self.call(group, payloads)
+            if group[0] == "catalog":
+                mirrored = list(local(group, payloads))
+                remote = [getattr(r, "version", r) for r in results]
+                here = [getattr(r, "version", r) for r in mirrored]
+                if remote != here:
+                    raise RuntimeError(f"catalog versions diverged: engine process {remote}, "
+                                       f"server {here}")
+            return results
+
+        return run
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the child (it finishes the batch it runs), killing it after ``timeout_s``."""
+        if self._proc.is_alive():
+            try:
+                with self._lock:
+                    self._conn.send_bytes(_CLOSE)
+            except (OSError, ValueError):
+                pass
+            self._proc.join(timeout_s)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join(timeout_s)
+        self._conn.close()

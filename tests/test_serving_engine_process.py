@@ -1,0 +1,93 @@
+"""``genrec serve --engine-process``: engine batches run in a spawned child process. Answers
+equal the offline engine's, bad input still names the field, catalog updates reach both
+processes under one version, the child stops with the server, and a failed start is clear."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+
+import httpx
+from serving_support import N_ITEMS, RECOMMEND, SIZES, offline, post, tiny_engine
+
+from genrec import Engine, RecommendRequest
+from genrec.model import save_model
+from genrec.serving import BackgroundServer, ServeConfig
+from genrec.serving.engine_process import EngineProcess
+from genrec.serving.ray_app import AppSpec, load_app
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("generative")
+    engine = tiny_engine()
+    save_model(engine.model, path)
+    engine.vocab.save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(checkpoint: Path) -> Engine:
+    return Engine.from_pretrained(checkpoint)
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint: Path) -> Iterator[tuple[str, EngineProcess]]:
+    spec = AppSpec.of(checkpoint, threads=1,
+                      config=ServeConfig(max_wait_ms=1, engine_process=True))
+    app = load_app(spec)
+    child = app.state.engine_process
+    with BackgroundServer(app) as server:
+        yield server.url, child
+    assert not child._proc.is_alive()  # stopped with the app
+
+
+def test_answers_equal_the_offline_engine(served, reference: Engine) -> None:
+    url, child = served
+    assert child.pid is not None and child._proc.is_alive()
+    for body in RECOMMEND:
+        r = post(url, "/v1/recommend", body)
+        assert r.status_code == 200, r.text
+        items, scores = offline(reference, body)
+        assert r.json()["items"] == items
+        assert torch.allclose(torch.tensor(r.json()["scores"]), torch.tensor(scores), atol=1e-5)
+
+
+def test_errors_of_the_child_come_back_naming_the_field(served) -> None:
+    url, child = served
+    with pytest.raises(ValueError, match=r"requests\[0\]\.history"):
+        child.call(("recommend", 4, 2), [RecommendRequest(history=[N_ITEMS + 5])])
+    r = post(url, "/v1/recommend", {"history": [N_ITEMS + 5]})
+    assert r.status_code == 422 and r.json()["detail"].startswith("history")
+
+
+def test_catalog_updates_reach_both_processes(served, reference: Engine) -> None:
+    url, child = served
+    used = {tuple(c) for c in reference.vocab.index.codes.tolist()}
+    every = torch.cartesian_prod(*[torch.arange(k) for k in SIZES]).tolist()
+    sid = next(c for c in every if tuple(c) not in used)
+    r = httpx.put(url + "/v1/catalog/items",
+                  json={"items": [{"item_id": N_ITEMS, "semantic_id": sid}]})
+    assert r.status_code == 200, r.text
+    version = r.json()["catalog_version"]
+    got = post(url, "/v1/recommend", {"history": [3], "allow": [N_ITEMS], "n": 1,
+                                      "beam_width": 4}).json()
+    assert got == {**got, "items": [N_ITEMS], "catalog_version": version}
+    first = post(url, "/v1/recommend", {"history": [3, 17, 8]}).json()["items"][0]
+    r = httpx.request("DELETE", url + "/v1/catalog/items", json={"item_ids": [first]})
+    assert r.status_code == 200 and r.json()["catalog_version"] == version + 1
+    after = post(url, "/v1/recommend", {"history": [3, 17, 8]}).json()
+    assert first not in after["items"] and after["catalog_version"] == version + 1
+    assert httpx.get(url + "/ready").json()["catalog_version"] == version + 1
+
+
+def test_a_failed_start_names_the_cause(tmp_path: Path) -> None:
+    spec = AppSpec.of(tmp_path / "missing", config=ServeConfig(engine_process=True))
+    with pytest.raises(RuntimeError, match="engine process failed to start"):
+        EngineProcess(spec)
