@@ -4,6 +4,8 @@ processes under one version, the child stops with the server, and a failed start
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,6 +87,14 @@ def test_catalog_updates_reach_both_processes(served, reference: Engine) -> None
     after = post(url, "/v1/recommend", {"history": [3, 17, 8]}).json()
     assert first not in after["items"] and after["catalog_version"] == version + 1
     assert httpx.get(url + "/ready").json()["catalog_version"] == version + 1
+
+
+def test_signals_to_the_process_group_leave_the_engine_to_the_server(served) -> None:
+    url, child = served
+    os.kill(child.pid, signal.SIGINT)
+    os.kill(child.pid, signal.SIGTERM)
+    r = post(url, "/v1/recommend", RECOMMEND[0])
+    assert r.status_code == 200 and child._proc.is_alive()
 
 
 def test_a_failed_start_names_the_cause(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
+import signal
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,10 @@ def _portable(err: BaseException) -> BaseException:
 
 def _child_main(spec: AppSpec, conn: Any) -> None:
     """The engine process: load, report ready, then run batches until told to stop."""
+    # Ctrl-C reaches the whole process group: the server drains first, then closes this
+    # process (or it exits when the server's end of the pipe closes)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         from genrec.serving.backends import make_runner
         from genrec.serving.ray_app import load_components
