@@ -106,6 +106,9 @@ def test_serve_ray_without_ray_says_what_to_install(checkpoint: Path,
     assert "pip install 'genrec[ray]'" in result.output
     result = CliRunner().invoke(cli, ["serve", "--model", str(checkpoint), "--replicas", "2"])
     assert result.exit_code == 1 and "--replicas needs --ray" in result.output
+    result = CliRunner().invoke(cli, ["serve", "--model", str(checkpoint), "--ray",
+                                      "--engine-process"])
+    assert result.exit_code == 1 and "--engine-process is for the single-process" in result.output
 
 
 def test_serve_ray_checks_paths_before_starting_ray(tmp_path: Path) -> None:

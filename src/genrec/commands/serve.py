@@ -63,6 +63,10 @@ def serve(
     if replicas != 1 and not ray:
         typer.echo("error: --replicas needs --ray", err=True)
         raise typer.Exit(code=1)
+    if engine_process and ray:
+        typer.echo("error: --engine-process is for the single-process server, not --ray",
+                   err=True)
+        raise typer.Exit(code=1)
     from genrec.serving import ServeConfig
     from genrec.serving.ray_app import AppSpec, load_app
 
