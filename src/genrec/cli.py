@@ -112,6 +112,7 @@ def score(
 # Commands defined in genrec.commands are registered here, one line each.
 from genrec.commands.duolm import encode_catalog  # noqa: E402  (also adds train teacher/duolm)
 from genrec.commands.generative import eval_command, index_command, train_app  # noqa: E402
+from genrec.commands.plot import plot_command  # noqa: E402
 from genrec.commands.serve import serve  # noqa: E402
 
 app.add_typer(train_app, name="train")
@@ -119,6 +120,7 @@ app.command("eval")(eval_command)
 app.command("index")(index_command)
 app.command("serve")(serve)
 app.command("encode-catalog")(encode_catalog)
+app.command("plot")(plot_command)
 
 
 if __name__ == "__main__":
