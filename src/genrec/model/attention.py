@@ -90,10 +90,16 @@ class KVCache:
         self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Store the new keys/values of ``layer`` (k, v: [T, Hkv, D]); return the layer's cache."""
-        for store, src in ((self.prefix_k, k), (self.prefix_v, v)):
-            store[layer] = _write(store[layer], layout.prefix_slots, src[layout.prefix_tokens])
-        for store, src in ((self.branch_k, k), (self.branch_v, v)):
-            store[layer] = _write(store[layer], layout.branch_slots, src[layout.branch_tokens])
+        n_prefix = layout.prefix_tokens.numel()
+        single = layout.single_request  # rows are [0, Tp) then [Tp, T): slices, no gather
+        if n_prefix:
+            for store, src in ((self.prefix_k, k), (self.prefix_v, v)):
+                rows = _take(src, layout.prefix_tokens, 0 if single else None)
+                store[layer] = _write(store[layer], layout.prefix_slots, rows)
+        if layout.branch_tokens.numel():
+            for store, src in ((self.branch_k, k), (self.branch_v, v)):
+                rows = _take(src, layout.branch_tokens, n_prefix if single else None)
+                store[layer] = _write(store[layer], layout.branch_slots, rows)
         return (
             self.prefix_k[layer], self.prefix_v[layer], self.branch_k[layer], self.branch_v[layer]
         )
