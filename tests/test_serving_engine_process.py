@@ -97,6 +97,21 @@ def test_signals_to_the_process_group_leave_the_engine_to_the_server(served) -> 
     assert r.status_code == 200 and child._proc.is_alive()
 
 
+def test_a_dead_engine_process_makes_health_and_ready_fail(checkpoint: Path) -> None:
+    spec = AppSpec.of(checkpoint, threads=1, config=ServeConfig(engine_process=True))
+    app = load_app(spec)
+    child = app.state.engine_process
+    with BackgroundServer(app) as server:
+        assert httpx.get(server.url + "/ready").status_code == 200
+        child._proc.kill()
+        child._proc.join(10)
+        for path in ("/health", "/ready"):
+            r = httpx.get(server.url + path)
+            assert r.status_code == 503 and "engine process exited" in r.json()["detail"]
+        r = post(server.url, "/v1/recommend", RECOMMEND[0])
+        assert r.status_code == 503 and "engine process" in r.json()["detail"]
+
+
 def test_a_failed_start_names_the_cause(tmp_path: Path) -> None:
     spec = AppSpec.of(tmp_path / "missing", config=ServeConfig(engine_process=True))
     with pytest.raises(RuntimeError, match="engine process failed to start"):

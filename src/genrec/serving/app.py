@@ -2,7 +2,7 @@
 
 Every error is JSON ``{"detail": "<message naming the field>"}``: bad input 422 (schema or
 engine ``InputError``), unavailable feature 400, body too large 413, queue full or draining
-503 with ``Retry-After``, deadline passed 504.
+503 with ``Retry-After`` (also when the engine process is gone), deadline passed 504.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from genrec.engine import Engine
 from genrec.serving import schemas as S
 from genrec.serving.backends import CatalogUpdater, Ranker, make_runner
-from genrec.serving.engine_process import EngineProcess
+from genrec.serving.engine_process import EngineGoneError, EngineProcess
 from genrec.serving.metrics import ServerMetrics
 from genrec.serving.scheduler import (
     BatchScheduler,
@@ -208,6 +208,10 @@ def create_app(
         metrics.reject("draining")
         return error(503, str(err), {"Retry-After": str(config.retry_after_s)})
 
+    @app.exception_handler(EngineGoneError)
+    async def _gone(_: Request, err: EngineGoneError) -> JSONResponse:
+        return error(503, str(err), {"Retry-After": str(config.retry_after_s)})
+
     @app.exception_handler(DeadlineExceededError)
     async def _late(_: Request, err: DeadlineExceededError) -> JSONResponse:
         metrics.reject("deadline")
@@ -252,14 +256,22 @@ def create_app(
         by ``/v1/recommend`` again) and from the ranker (rejected by ``/v1/rank``)."""
         return await service.update_catalog("retire", body.item_ids, _deadline(request, None))
 
-    @app.get("/health")
-    async def health() -> dict:
-        """The process is up."""
-        return {"status": "ok"}
+    def engine_gone() -> JSONResponse | None:
+        if engine_process is not None and not engine_process.alive:
+            return error(503, "the engine process exited")
+        return None
+
+    @app.get("/health", response_model=None)
+    async def health() -> dict | JSONResponse:
+        """The process is up (and, with an engine process, so is that one)."""
+        return engine_gone() or {"status": "ok"}
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
         """The model is loaded and the server is not draining."""
+        gone = engine_gone()
+        if gone is not None:
+            return gone
         if app.state.draining or not scheduler.accepting:
             return error(503, "draining")
         return JSONResponse({"status": "ready", "catalog_version": service.catalog_version()})

@@ -15,7 +15,8 @@ the same catalog version (the update is deterministic; a mismatch is reported as
 
 Errors: a ``ValueError`` in the child (bad input) comes back as ``ValueError`` with the same
 message (HTTP 422, and the scheduler's rerun-alone isolation still works); anything else as
-``RuntimeError``. If the child dies, every call raises ``RuntimeError``.
+``RuntimeError``. If the child dies, every call raises :class:`EngineGoneError` (HTTP 503),
+and ``/health`` and ``/ready`` answer 503.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ if TYPE_CHECKING:
 
 Runner = Callable[[Hashable, list[Any]], Sequence[Any]]
 _CLOSE = b""
+
+
+class EngineGoneError(RuntimeError):
+    """The engine process exited or stopped answering (HTTP 503)."""
 
 
 def _dump(obj: Any) -> bytes:
@@ -106,18 +111,23 @@ class EngineProcess:
     def pid(self) -> int | None:
         return self._proc.pid
 
+    @property
+    def alive(self) -> bool:
+        """Whether the child process is running."""
+        return self._proc.is_alive()
+
     def _receive(self, timeout_s: float | None = None) -> tuple[bool, Any]:
         waited = 0.0
         while not self._conn.poll(1.0):
             waited += 1.0
             if not self._proc.is_alive():
-                raise RuntimeError(f"the engine process exited (code {self._proc.exitcode})")
+                raise EngineGoneError(f"the engine process exited (code {self._proc.exitcode})")
             if timeout_s is not None and waited >= timeout_s:
-                raise RuntimeError(f"the engine process did not answer in {timeout_s:.0f} s")
+                raise EngineGoneError(f"the engine process did not answer in {timeout_s:.0f} s")
         try:
             return pickle.loads(self._conn.recv_bytes())
         except (EOFError, OSError) as err:
-            raise RuntimeError(f"the engine process is gone ({err})") from None
+            raise EngineGoneError(f"the engine process is gone ({err})") from None
 
     def call(self, group: Hashable, payloads: list[Any]) -> list[Any]:
         """Run one batch in the child; its results, or its error raised here."""
@@ -125,7 +135,7 @@ class EngineProcess:
             try:
                 self._conn.send_bytes(_dump((group, payloads)))
             except (OSError, ValueError) as err:
-                raise RuntimeError(f"the engine process is gone ({err})") from None
+                raise EngineGoneError(f"the engine process is gone ({err})") from None
             ok, value = self._receive()
         if not ok:
             raise value
