@@ -68,6 +68,18 @@ def test_windows_overlap_by_one_and_end_at_last_item() -> None:
     assert make_windows([3], 5) == [] and make_windows([3, 4], 5) == [[3, 4]]
 
 
+def test_prompts_keep_the_last_items_and_reject_unknown_ids() -> None:
+    vocab = make_vocab()
+    n = vocab.index.num_items
+    history = [i % n for i in range(vocab.max_history + 5)]
+    kept = history[-vocab.max_history:]
+    assert vocab.prompt(history) == [BOS_ID] + vocab.item_tokens(kept).reshape(-1).tolist()
+    full = vocab.prompt(history, truncate=False)
+    assert full == [BOS_ID] + vocab.item_tokens(history).reshape(-1).tolist()
+    with pytest.raises(IndexError, match=f"item id {n}"):
+        vocab.prompt([0, n])
+
+
 @pytest.mark.parametrize("soft", [False, True])
 def test_window_labels_are_the_sid_tokens_of_items_after_the_first(soft: bool) -> None:
     vocab = make_vocab()
