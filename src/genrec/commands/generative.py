@@ -245,7 +245,7 @@ def eval_command(
         raise typer.BadParameter(f"--split must be 'test' or 'val', got {split!r}")
     folder = model / "best" if (model / "best" / "config.json").is_file() else model
     if (folder / "duolm.json").is_file():
-        from genrec.commands.duolm import eval_rankers
+        from genrec.commands.ranking_eval import eval_rankers
 
         return eval_rankers(model, teacher, store, data, interactions, items, split, users,
                             negatives, seed, device, threads, progress, json_path)

@@ -7,7 +7,6 @@ is not available raises :class:`ApiError` (HTTP 400).
 from __future__ import annotations
 
 import itertools
-import re
 import time
 import uuid
 from collections.abc import Sequence
@@ -16,13 +15,12 @@ from typing import Any
 import torch
 
 from genrec.engine import Engine, RecommendRequest, ScoreRequest
-from genrec.generative.vocab import BOS_ID, SOFT_ID, SidVocab
+from genrec.generative.vocab import SidVocab
 from genrec.serving import schemas as S
 from genrec.serving.backends import CatalogUpdater, Ranker, RankRequest
 from genrec.serving.catalog import CatalogChange, ServiceCatalog
+from genrec.serving.completions import item_text, parse_prompt
 from genrec.serving.scheduler import BatchScheduler
-
-_SID_TOKEN = re.compile(r"<([a-z])_(\d+)>")
 
 
 class ApiError(Exception):
@@ -220,51 +218,6 @@ class Service:
 
     # -- /v1/completions ---------------------------------------------------------------------
 
-    def parse_prompt(self, prompt: list[int] | str, user_vector: list[float] | None
-                     ) -> list[int]:
-        """History item ids of a completion prompt (token ids ``bos [soft] sid...`` or text of
-        Semantic-ID tokens)."""
-        vocab = self._vocab()
-        levels = vocab.num_levels
-        if isinstance(prompt, str):
-            found = _SID_TOKEN.findall(prompt)
-            if _SID_TOKEN.sub("", prompt).strip():
-                raise ValueError("prompt: text prompts must be Semantic-ID tokens like "
-                                 "'<a_3> <b_1> <c_7>'")
-            codes = []
-            for k, (letter, code) in enumerate(found):
-                if ord(letter) - ord("a") != k % levels:
-                    raise ValueError(f"prompt: token {k} <{letter}_{code}> is out of order "
-                                     f"(expected level {chr(ord('a') + k % levels)})")
-                codes.append(int(code))
-            if len(codes) % levels:
-                raise ValueError(f"prompt: {len(codes)} tokens is not a whole number of "
-                                 f"{levels}-token Semantic IDs")
-            grid = torch.tensor(codes, dtype=torch.int64).reshape(-1, levels)
-            items = vocab.index.codes_to_items(grid) if codes else torch.zeros(0)
-        else:
-            if not prompt or prompt[0] != BOS_ID:
-                raise ValueError(f"prompt: must start with the BOS token id {BOS_ID}")
-            soft = len(prompt) > 1 and prompt[1] == SOFT_ID
-            if soft != (user_vector is not None):
-                raise ValueError("prompt: the soft token (id 1) and user_vector go together"
-                                 if soft else "user_vector: the prompt has no soft token (id 1)")
-            body = prompt[2 if soft else 1:]
-            if len(body) % levels:
-                raise ValueError(f"prompt: {len(body)} tokens after the header is not a whole "
-                                 f"number of {levels}-token Semantic IDs")
-            grid = torch.tensor(body, dtype=torch.int64).reshape(-1, levels)
-            items = vocab.index.tokens_to_items(grid, vocab.base) if body else torch.zeros(0)
-        missing = (items < 0).nonzero().flatten().tolist()
-        if missing:
-            raise ValueError(f"prompt: Semantic ID {missing[0]} is not a catalog item")
-        return [int(i) for i in items.tolist()]
-
-    def item_text(self, item: int) -> str:
-        """An item's Semantic-ID tokens as text: ``"<a_3> <b_1> <c_7>"``."""
-        codes = self._vocab().index.codes[item].tolist()
-        return " ".join(f"<{chr(ord('a') + level)}_{c}>" for level, c in enumerate(codes))
-
     async def complete(self, body: S.CompletionBody, deadline_ms: float | None) -> dict:
         """OpenAI completions subset: beam search only, one catalog item per choice."""
         if body.stream:
@@ -278,11 +231,12 @@ class Service:
             raise ValueError(f"n: {body.n} must not exceed best_of ({best_of})")
         if body.max_tokens is not None and body.max_tokens < levels:
             raise ValueError(f"max_tokens: one item takes {levels} tokens, got {body.max_tokens}")
-        history = self.parse_prompt(body.prompt, body.user_vector)
+        history = parse_prompt(self._vocab(), body.prompt, body.user_vector)
         request = self._recommend_request(history, body.user_vector, field="prompt")
         rec, _ = await self.scheduler.submit(("recommend", best_of, body.n), request,
                                              deadline_ms)
-        choices = [{"index": k, "text": self.item_text(item), "item_id": item, "score": score,
+        vocab = self._vocab()
+        choices = [{"index": k, "text": item_text(vocab, item), "item_id": item, "score": score,
                     "logprobs": None, "finish_reason": "length"}
                    for k, (item, score) in enumerate(zip(rec.items, rec.scores, strict=True))]
         n_prompt = len(body.prompt) if isinstance(body.prompt, list) else len(history) * levels
