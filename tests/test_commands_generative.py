@@ -64,6 +64,34 @@ def test_index_train_eval_end_to_end(tmp_path: Path) -> None:
     assert json.loads((run / "history.json").read_text())[-1]["epoch"] == 3
 
 
+def test_causal_user_vectors_train_resume_and_eval(tmp_path: Path) -> None:
+    import torch
+
+    from genrec.training.user_vectors import fold_in, load_item_factors
+
+    data = write_dataset(tmp_path / "toy")
+    invoke("index", "--data", data, "--out", tmp_path / "index.json")
+    tiny = ["--hidden", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1",
+            "--head-dim", "8", "--batch-tokens", "200", "--max-history", "3",
+            "--val-users", "10", "--beam-width", "10", "--no-progress", "--device", "cpu"]
+    run = tmp_path / "run"
+    invoke("train", "generative", "--data", data, "--index", tmp_path / "index.json",
+           "--out", run, "--epochs", "1", "--user-vectors", "svd-causal", "--user-dim", "4",
+           *tiny)
+    factors = load_item_factors(run / "best")
+    assert factors is not None and factors.shape == (N_ITEMS, 4)
+    # the saved per-user vectors are the fold-in of each user's training items
+    seqs = [v for v in json.loads((data / "Toy.inter.json").read_text()).values()]
+    saved = torch.from_numpy(np.load(run / "best" / "user_vectors.npy"))
+    assert torch.allclose(saved, fold_in(factors, [s[:-2] for s in seqs]), atol=1e-5)
+    invoke("train", "generative", "--data", data, "--index", tmp_path / "index.json",
+           "--out", run, "--epochs", "2", "--resume", *tiny)
+    assert torch.equal(load_item_factors(run / "last"), factors)
+    out = invoke("eval", "--model", run, "--data", data, "--json", tmp_path / "m.json",
+                 "--beam-width", "10", "--no-progress", "--device", "cpu")
+    assert "ndcg@10" in out and json.loads((tmp_path / "m.json").read_text())["n_users"] > 0
+
+
 def test_index_from_embeddings_and_tables(tmp_path: Path) -> None:
     inter = tmp_path / "inter.csv"
     rows = [f"u{u},i{(u * 3 + t) % 12},{t}" for u in range(8) for t in range(5)]

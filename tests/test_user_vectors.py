@@ -8,10 +8,12 @@ import torch
 
 from genrec.training.user_vectors import (
     compute_user_vectors,
+    fold_in,
     load_saved_user_vectors,
     load_user_vectors_file,
     resolve_user_vectors,
     save_user_vectors,
+    svd_item_factors,
     svd_user_vectors,
 )
 
@@ -33,6 +35,48 @@ def test_shape_scale_and_cluster_structure() -> None:
     sim = unit @ unit.T
     same = torch.tensor([[a % 4 == b % 4 for b in range(24)] for a in range(24)])
     assert sim[same].mean() > sim[~same].mean() + 0.5
+
+
+def test_fold_in_is_u_sqrt_s_of_the_training_matrix() -> None:
+    seqs = clustered()
+    factors = svd_item_factors(seqs, N_ITEMS, dim=4, niter=8)
+    vec = fold_in(factors, seqs)
+    assert torch.equal(vec, svd_user_vectors(seqs, N_ITEMS, dim=4, niter=8))
+    dense = torch.zeros(len(seqs), N_ITEMS)
+    for u, seq in enumerate(seqs):
+        dense[u, seq] = 1.0
+    u_, s_, _ = torch.linalg.svd(dense, full_matrices=False)
+    ref = u_[:, :4] * s_[:4].sqrt()  # the 4 clusters' dimensions
+    ref = ref / ref.norm(dim=1).mean()
+    # equal up to a rotation inside the subspace: compare the users' Gram matrices
+    assert torch.allclose(vec @ vec.T, ref @ ref.T, atol=1e-3)
+    assert torch.equal(fold_in(factors, [[]]), torch.zeros(1, 4))
+    assert torch.allclose(fold_in(factors, [[3, 3, 5]])[0], factors[3] + factors[5])
+
+
+def test_causal_windows_hold_none_of_their_targets() -> None:
+    from genrec.catalog.semantic_ids import SemanticIndex
+    from genrec.generative.vocab import SidVocab
+    from genrec.training.generative import GenerativeTask, make_windows
+
+    seqs = clustered()
+    codes = torch.stack([torch.arange(N_ITEMS) // 8, torch.arange(N_ITEMS) % 8], dim=1)
+    vocab = SidVocab(SemanticIndex(codes, [8, 8]), max_history=2)
+    factors = svd_item_factors(seqs, N_ITEMS, dim=4)
+    task = GenerativeTask(vocab, seqs, fold_in(factors, seqs), batch_tokens=50,
+                          item_factors=factors, progress=False)
+    first = [k for k, u in enumerate(task.users) if u == 0]
+    seq = seqs[0]  # 6 distinct items; windows of up to 3 items, tiled from the end
+    windows = make_windows(seq, 2)
+    assert len(first) == len(windows) == 3
+    for k, window in zip(first, windows, strict=True):
+        start = seq.index(window[0])
+        assert not set(window[1:]) & set(seq[: start + 1])  # no target in the vector
+        assert torch.allclose(task.window_vectors[k], fold_in(factors, [seq[: start + 1]])[0])
+    batch = next(task.batches(0))
+    assert batch.user_vectors.shape == (len(batch.lengths), 4)
+    plain = GenerativeTask(vocab, seqs, fold_in(factors, seqs), batch_tokens=50, progress=False)
+    assert plain.window_vectors is None
 
 
 def test_users_without_training_items_get_zeros() -> None:

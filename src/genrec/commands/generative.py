@@ -132,7 +132,9 @@ def train_generative(
     out: Annotated[Path, typer.Option(help="Output folder (last/, best/, history.json).")],
     data: DataOpt = None, interactions: InterOpt = None, items: ItemsOpt = None,
     user_vectors: Annotated[str, typer.Option(
-        help="Soft token: svd | none | FILE (.npy/.safetensors, one row per user).")] = "none",
+        help="Soft token: svd | svd-causal | none | FILE (.npy/.safetensors, one row per "
+             "user). svd-causal: each training window's vector holds only the user's items "
+             "before its targets.")] = "none",
     user_dim: Annotated[int, typer.Option(min=1, help="SVD user-vector size.")] = 64,
     hidden: int = 128, layers: int = 4, heads: int = 4, kv_heads: int = 2, head_dim: int = 32,
     intermediate: Annotated[int | None, typer.Option(help="MLP size (default 3 x hidden).")] = None,
@@ -173,12 +175,17 @@ def train_generative(
         vocab = SidVocab(sem, max_history=max_history)
         torch.manual_seed(seed)
         last = out / LAST
+        factors = None
         if resume and (last / "config.json").is_file():
             model = load_model(last)
             vectors = uv.load_saved_user_vectors(last, ds.user_ids)
+            factors = uv.load_item_factors(last)
         else:
             vectors = uv.resolve_user_vectors(user_vectors, ds.sequences, ds.num_items,
                                               user_dim, seed)
+            if user_vectors == "svd-causal":
+                factors = uv.svd_item_factors(gen.training_sequences(ds.sequences),
+                                              ds.num_items, user_dim, seed=seed)
             dim = 0 if vectors is None else int(vectors.shape[1])
             if init_from is not None:
                 model = gen.adapt_pretrained(load_model(init_from), vocab.vocab_size, dim)
@@ -192,7 +199,7 @@ def train_generative(
         task = gen.GenerativeTask(
             vocab, gen.training_sequences(ds.sequences), vectors, batch_tokens, seed, val,
             beam_width, user_ids=ds.user_ids, user_vector_source=Path(user_vectors).name,
-            progress=progress,
+            progress=progress, item_factors=factors,
         )
         out.mkdir(parents=True, exist_ok=True)
         if not (resume and (out / "train_args.json").is_file()):
@@ -238,7 +245,7 @@ def eval_command(
     item among sampled negatives (student and ``--teacher`` side by side)."""
     from genrec.engine import Engine
     from genrec.evaluation.generative import evaluate_split
-    from genrec.training.user_vectors import load_saved_user_vectors
+    from genrec.training.user_vectors import fold_in, load_item_factors, load_saved_user_vectors
     from genrec.utils.atomic import atomic_write_json
 
     if split not in ("test", "val"):
@@ -258,6 +265,11 @@ def eval_command(
         vectors = None
         if engine.model.config.user_dim:
             vectors = load_saved_user_vectors(folder, ds.user_ids)
+            factors = load_item_factors(folder)
+            if factors is not None:  # svd-causal: every item before the held-out one
+                cut = 1 if split == "test" else 2
+                vectors = fold_in(factors, [s[:-cut] if len(s) > cut else [] for s in
+                                            ds.sequences])
             if vectors is None:
                 raise ValueError(f"--model: {folder} has a soft-token projector but no saved "
                                  "user vectors")

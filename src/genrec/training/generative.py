@@ -132,7 +132,9 @@ class GenerativeTask:
     """The :class:`genrec.training.loop.TrainTask` of generative retrieval.
 
     ``train_sequences`` are per-user training parts (see :func:`training_sequences`);
-    ``user_vectors`` [num_users, user_dim] switches the soft token on; ``val_examples`` (history =
+    ``user_vectors`` [num_users, user_dim] switches the soft token on (with ``item_factors``
+    [num_items, user_dim], each window's vector is folded in from the user's items up to the
+    window's first item instead: ``svd-causal``); ``val_examples`` (history =
     training items, target = validation item) drive per-epoch Recall/NDCG via ``Engine``.
     """
 
@@ -142,6 +144,7 @@ class GenerativeTask:
         val_examples: Sequence[Example] | None = None, beam_width: int = 20,
         val_batch_size: int = 128, user_ids: Sequence[str] | None = None,
         user_vector_source: str = "", progress: bool = True,
+        item_factors: torch.Tensor | None = None,
     ) -> None:
         self.vocab, self.user_vectors = vocab, user_vectors
         self.batch_tokens, self.seed = batch_tokens, seed
@@ -152,15 +155,26 @@ class GenerativeTask:
         self.users: list[int] = []
         self.ids: list[torch.Tensor] = []
         self.labels: list[torch.Tensor] = []
+        seen: list[list[int]] = []  # per window: the user's items up to its first item
         for user, seq in enumerate(train_sequences):
             vocab.check_items(list(seq), f"train_sequences[{user}]")
+            start = 0  # windows tile the sequence from its start, overlapping by one item
             for window in make_windows(seq, vocab.max_history):
                 ids, labels = window_tokens(vocab, window, soft)
                 self.users.append(user)
                 self.ids.append(torch.tensor(ids))
                 self.labels.append(torch.tensor(labels))
+                seen.append(list(seq[: start + 1]))
+                start += len(window) - 1
         if not self.ids:
             raise ValueError("train_sequences: no user has two or more training items")
+        # svd-causal: each window's user vector holds none of its targets
+        self.item_factors = item_factors if soft else None
+        self.window_vectors = None
+        if self.item_factors is not None:
+            from genrec.training.user_vectors import fold_in
+
+            self.window_vectors = fold_in(self.item_factors, seen)
         self.lengths = [t.numel() for t in self.ids]
         self.num_targets = sum(int((t != IGNORE).sum()) for t in self.labels)
         self._plan: tuple[int, list[list[int]]] | None = None
@@ -182,7 +196,9 @@ class GenerativeTask:
             soft_rows = torch.nonzero(ids == SOFT_ID)[:, 0] if self.user_vectors is not None \
                 else torch.zeros(0, dtype=torch.long)
             vectors = None
-            if self.user_vectors is not None:
+            if self.window_vectors is not None:
+                vectors = self.window_vectors[torch.tensor(idx)]
+            elif self.user_vectors is not None:
                 vectors = self.user_vectors[torch.tensor([self.users[i] for i in idx])]
             yield TrainBatch(ids, torch.cat([self.labels[i] for i in idx]),
                              [self.lengths[i] for i in idx], soft_rows, vectors)
@@ -207,12 +223,14 @@ class GenerativeTask:
 
     def save_extra(self, directory: Path) -> None:
         """The SidVocab (and the user vectors, when used) beside the model weights."""
-        from genrec.training.user_vectors import save_user_vectors
+        from genrec.training.user_vectors import save_item_factors, save_user_vectors
 
         self.vocab.save(directory)
         if self.user_vectors is not None:
             users = self.user_ids or [str(u) for u in range(self.user_vectors.shape[0])]
             save_user_vectors(directory, self.user_vectors, self.user_vector_source, users)
+        if self.item_factors is not None:
+            save_item_factors(directory, self.item_factors)
 
 
 def scratch_config(

@@ -3,9 +3,18 @@
 ``svd`` factorises the binary user-item matrix of the training parts (each user's sequence
 without its validation and test items) with ``torch.svd_lowrank``: a user's vector is its row of
 ``U * sqrt(S)``, scaled so that the mean norm over users with training items is 1. Users without
-training items get zeros. Vectors can also be read from a ``.npy`` / ``.safetensors`` file
-(one row per user, in the dataset's user order). The vectors used in training are saved beside
-the checkpoint so evaluation and serving use exactly the same ones.
+training items get zeros. That vector contains every training item, so in training it also
+contains the items the model is asked to predict.
+
+``svd-causal`` uses the same factorisation, but a vector is folded in from the items *before*
+the prediction (:func:`fold_in`, the sum of the items' factors): in training, each window's
+vector holds the user's items up to the window's first item (none of its targets); in
+evaluation, every item before the held-out one. The item factors are saved beside the
+checkpoint (:data:`FACTORS_FILE`) so that evaluation folds in the same way.
+
+Vectors can also be read from a ``.npy`` / ``.safetensors`` file (one row per user, in the
+dataset's user order). The vectors used in training are saved beside the checkpoint so
+evaluation and serving use exactly the same ones.
 """
 
 from __future__ import annotations
@@ -24,39 +33,56 @@ from genrec.utils.atomic import atomic_write_json
 # .npy, not .safetensors: load_model reads every *.safetensors of a checkpoint as weights
 VECTORS_FILE = "user_vectors.npy"
 META_FILE = "user_vectors.json"
+FACTORS_FILE = "user_item_factors.npy"
+
+
+def svd_item_factors(
+    train_sequences: Sequence[Sequence[int]], num_items: int, dim: int, niter: int = 4,
+    seed: int = 0,
+) -> torch.Tensor:
+    """float32 [num_items, dim] item factors ``V S^-1/2`` of the binary user-item matrix of
+    ``train_sequences`` (one per user), scaled so that the users' vectors (:func:`fold_in`)
+    have mean norm 1 over users with training items. Dimensions past the matrix's rank are 0."""
+    if dim < 1:
+        raise ValueError(f"user_dim must be >= 1, got {dim}")
+    factors = torch.zeros(num_items, dim)
+    matrix = _binary(train_sequences, num_items)
+    if matrix._nnz() == 0:
+        return factors
+    q = min(dim, len(train_sequences), num_items)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        _, s, v = torch.svd_lowrank(matrix, q=q, niter=niter)
+    keep = s > s.max() * 1e-6
+    factors[:, : int(keep.sum())] = v[:, keep] * s[keep].rsqrt()
+    norms = torch.sparse.mm(matrix, factors).norm(dim=1)
+    return factors / norms[norms > 0].mean()
+
+
+def fold_in(factors: torch.Tensor, histories: Sequence[Sequence[int]]) -> torch.Tensor:
+    """[len(histories), dim]: each history's vector, the sum of the factors of its distinct
+    items (a user's SVD vector ``U S^1/2`` is exactly this for its training items); an empty
+    history gives zeros."""
+    return torch.sparse.mm(_binary(histories, factors.shape[0]), factors)
+
+
+def _binary(histories: Sequence[Sequence[int]], num_items: int) -> torch.Tensor:
+    pairs = {(u, i) for u, seq in enumerate(histories) for i in seq}
+    if any(not 0 <= i < num_items for _, i in pairs):
+        raise ValueError(f"train_sequences: item ids must lie in 0..{num_items - 1}")
+    index = torch.tensor(sorted(pairs), dtype=torch.int64).reshape(-1, 2).T  # [2, nnz]
+    return torch.sparse_coo_tensor(index, torch.ones(index.shape[1]),
+                                   (len(histories), num_items), check_invariants=True).coalesce()
 
 
 def svd_user_vectors(
     train_sequences: Sequence[Sequence[int]], num_items: int, dim: int, niter: int = 4,
     seed: int = 0,
 ) -> torch.Tensor:
-    """float32 [num_users, dim] from the binary matrix of ``train_sequences`` (one per user)."""
-    if dim < 1:
-        raise ValueError(f"user_dim must be >= 1, got {dim}")
-    n_users = len(train_sequences)
-    pairs = {(u, i) for u, seq in enumerate(train_sequences) for i in seq}
-    if any(not 0 <= i < num_items for _, i in pairs):
-        raise ValueError(f"train_sequences: item ids must lie in 0..{num_items - 1}")
-    out = torch.zeros(n_users, dim)
-    if not pairs:
-        return out
-    index = torch.tensor(sorted(pairs), dtype=torch.int64).T  # [2, nnz]
-    matrix = torch.sparse_coo_tensor(
-        index, torch.ones(index.shape[1]), (n_users, num_items), check_invariants=True
-    ).coalesce()
-    q = min(dim, n_users, num_items)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        _, s, v = torch.svd_lowrank(matrix, q=q, niter=niter)
-    # U * sqrt(S) = A V S^-1/2; computed from A so that users without items stay exactly zero
-    keep = s > s.max() * 1e-6
-    proj = torch.sparse.mm(matrix, v[:, keep]) * s[keep].rsqrt()  # [U, q']
-    out[:, : proj.shape[1]] = proj
-    norms = out.norm(dim=1)
-    active = norms > 0
-    if bool(active.any()):
-        out /= norms[active].mean()
-    return out
+    """float32 [num_users, dim]: each user's row of ``U * sqrt(S)`` of the binary matrix of
+    ``train_sequences`` (one per user), scaled to mean norm 1 (:func:`svd_item_factors`)."""
+    factors = svd_item_factors(train_sequences, num_items, dim, niter, seed)
+    return fold_in(factors, train_sequences)
 
 
 def compute_user_vectors(
@@ -96,6 +122,17 @@ def save_user_vectors(
     })
 
 
+def save_item_factors(directory: str | Path, factors: torch.Tensor) -> None:
+    """Write the ``svd-causal`` item factors beside a checkpoint (atomically)."""
+    save_embeddings(Path(directory) / FACTORS_FILE, factors)
+
+
+def load_item_factors(directory: str | Path) -> torch.Tensor | None:
+    """The item factors saved by :func:`save_item_factors`, or None."""
+    path = Path(directory) / FACTORS_FILE
+    return load_embeddings(path) if path.is_file() else None
+
+
 def load_saved_user_vectors(
     directory: str | Path, user_ids: Sequence[str] | None = None
 ) -> torch.Tensor | None:
@@ -117,10 +154,11 @@ def load_saved_user_vectors(
 def resolve_user_vectors(
     source: str, sequences: Sequence[Sequence[int]], num_items: int, dim: int, seed: int = 0,
 ) -> torch.Tensor | None:
-    """``"none"`` -> None, ``"svd"`` -> :func:`compute_user_vectors`, else a file path."""
+    """``"none"`` -> None, ``"svd"`` / ``"svd-causal"`` -> :func:`compute_user_vectors` (the
+    per-user vectors; see :func:`svd_item_factors` for the causal windows), else a file."""
     if source == "none":
         return None
-    if source == "svd":
+    if source in ("svd", "svd-causal"):
         return compute_user_vectors(sequences, num_items, dim, seed=seed)
     path = Path(source)
     if not path.is_file():
