@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import httpx
 import pytest
@@ -132,7 +133,7 @@ def is_ready(url: str) -> bool:
         return False
 
 
-# Server fixtures shared by the serving test modules (import them by name there).
+# Fixtures shared by the serving test modules (import them by name there).
 
 @pytest.fixture(scope="module")
 def engine() -> Engine:
@@ -145,6 +146,18 @@ def full(engine: Engine) -> Iterator[tuple[str, Updater]]:
                      tokenizer=CharTokenizer(), config=ServeConfig(max_wait_ms=20))
     with BackgroundServer(app) as server:
         yield server.url, updater
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny generative model saved as a checkpoint folder (with its vocabulary)."""
+    from genrec.model import save_model
+
+    path = tmp_path_factory.mktemp("generative")
+    engine = tiny_engine()
+    save_model(engine.model, path)
+    engine.vocab.save(path)
+    return path
 
 
 @pytest.fixture(scope="module")

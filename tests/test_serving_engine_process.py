@@ -16,22 +16,12 @@ pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
 import httpx
-from serving_support import N_ITEMS, RECOMMEND, SIZES, offline, post, tiny_engine
+from serving_support import N_ITEMS, RECOMMEND, SIZES, offline, post
 
 from genrec import Engine, RecommendRequest
-from genrec.model import save_model
 from genrec.serving import BackgroundServer, ServeConfig
 from genrec.serving.engine_process import EngineProcess
 from genrec.serving.ray_app import AppSpec, load_app
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("generative")
-    engine = tiny_engine()
-    save_model(engine.model, path)
-    engine.vocab.save(path)
-    return path
 
 
 @pytest.fixture(scope="module")

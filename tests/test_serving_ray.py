@@ -19,26 +19,16 @@ pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
 import httpx
-from serving_support import RECOMMEND, offline, post, tiny_engine, wait_until
+from serving_support import RECOMMEND, offline, post, wait_until
 from typer.testing import CliRunner
 
 from genrec import Engine
 from genrec.cli import app as cli
-from genrec.model import save_model
 from genrec.serving.ray_app import REPLICA_HEADER
 from genrec.serving.server import free_port
 
 # Ray Serve's own pydantic models warn on import (pydantic 2 deprecations inside Ray).
 pytestmark = pytest.mark.filterwarnings("ignore::pydantic.PydanticDeprecatedSince20")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("generative")
-    engine = tiny_engine()
-    save_model(engine.model, path)
-    engine.vocab.save(path)
-    return path
 
 
 @pytest.fixture(scope="module")
