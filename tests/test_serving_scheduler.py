@@ -176,7 +176,7 @@ def engine() -> Engine:
 
 
 def test_batched_results_equal_the_engine_called_directly(engine: Engine) -> None:
-    sched = BatchScheduler(make_runner(engine, None, None, lambda: 7), max_batch_size=16,
+    sched = BatchScheduler(make_runner(engine, None, lambda: 7), max_batch_size=16,
                            max_wait_ms=100)
     recs = [RecommendRequest([3, 17, 8]), RecommendRequest([1], user_vector=[0.5] * 5),
             RecommendRequest([5, 6, 7], exclude=[0, 1, 2]), RecommendRequest([20], allow=[4, 9])]

@@ -181,11 +181,13 @@ def train_generative(
             vectors = uv.load_saved_user_vectors(last, ds.user_ids)
             factors = uv.load_item_factors(last)
         else:
-            vectors = uv.resolve_user_vectors(user_vectors, ds.sequences, ds.num_items,
-                                              user_dim, seed)
-            if user_vectors == "svd-causal":
-                factors = uv.svd_item_factors(gen.training_sequences(ds.sequences),
-                                              ds.num_items, user_dim, seed=seed)
+            if user_vectors == "svd-causal":  # per-user vectors = fold-in of training items
+                train = gen.training_sequences(ds.sequences)
+                factors = uv.svd_item_factors(train, ds.num_items, user_dim, seed=seed)
+                vectors = uv.fold_in(factors, train)
+            else:
+                vectors = uv.resolve_user_vectors(user_vectors, ds.sequences, ds.num_items,
+                                                  user_dim, seed)
             dim = 0 if vectors is None else int(vectors.shape[1])
             if init_from is not None:
                 model = gen.adapt_pretrained(load_model(init_from), vocab.vocab_size, dim)
@@ -264,12 +266,13 @@ def eval_command(
         check_index(engine.vocab.index, ds, "--model index")
         vectors = None
         if engine.model.config.user_dim:
-            vectors = load_saved_user_vectors(folder, ds.user_ids)
             factors = load_item_factors(folder)
             if factors is not None:  # svd-causal: every item before the held-out one
                 cut = 1 if split == "test" else 2
                 vectors = fold_in(factors, [s[:-cut] if len(s) > cut else [] for s in
                                             ds.sequences])
+            else:
+                vectors = load_saved_user_vectors(folder, ds.user_ids)
             if vectors is None:
                 raise ValueError(f"--model: {folder} has a soft-token projector but no saved "
                                  "user vectors")

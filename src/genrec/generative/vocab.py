@@ -72,7 +72,7 @@ class SidVocab:
         rows = self._rows
         n = len(rows)
         for i in history:
-            if not -n <= i < n:
+            if not 0 <= i < n:
                 raise IndexError(f"item id {i} is out of range for {n} items")
         return head + [t for i in history for t in rows[i]]
 

@@ -158,8 +158,7 @@ def create_app(
     holder: dict[str, Service] = {}
     metrics = ServerMetrics(lambda: scheduler.queue_depth(),
                             lambda: holder["service"].catalog_version())
-    runner = make_runner(engine, ranker, catalog_updater,
-                         lambda: holder["service"].catalog_version(),
+    runner = make_runner(engine, ranker, lambda: holder["service"].catalog_version(),
                          lambda: holder["service"].catalog)
     if engine_process is not None:
         runner = engine_process.runner(runner)

@@ -51,8 +51,8 @@ class CatalogUpdater(Protocol):
 
 
 def make_runner(
-    engine: Engine, ranker: Ranker | None, updater: CatalogUpdater | None,
-    catalog_version: Callable[[], int], catalog: Callable[[], Any] | None = None,
+    engine: Engine, ranker: Ranker | None, catalog_version: Callable[[], int],
+    catalog: Callable[[], Any] | None = None,
 ) -> Callable[[Hashable, list[Any]], Sequence[Any]]:
     """The scheduler's batch runner. Groups (first element: the kind) and results:
 
@@ -61,12 +61,10 @@ def make_runner(
     - ``("score", label_ids, apply_softmax)``: payloads lists of ``ScoreRequest`` (one HTTP
       request each); results ``(list of [N, K] tensors, catalog version)``;
     - ``("rank",)``: payloads ``RankRequest``; results ``(1-D tensor, catalog version)``;
-    - ``("upsert", seq)`` / ``("retire", seq)``: one payload (the items / ids); result the new
-      catalog version. Running them here serialises them with the engine batches;
     - ``("catalog", seq)``: one payload ``("upsert", items)`` or ``("retire", item_ids)``,
       applied to the :class:`genrec.serving.catalog.ServiceCatalog` that ``catalog()``
-      returns; result its :class:`~genrec.serving.catalog.CatalogChange`, likewise serialised
-      with the engine batches.
+      returns; result its :class:`~genrec.serving.catalog.CatalogChange`. Running updates
+      here serialises them with the engine batches.
 
     Payloads and results are plain picklable data, so the same runner can run in another
     process (:mod:`genrec.serving.engine_process`).
@@ -93,10 +91,6 @@ def make_runner(
             return out
         if kind == "rank":
             return [(scores, version) for scores in ranker.rank(payloads)]
-        if kind == "upsert":
-            return [updater.upsert(items) for items in payloads]
-        if kind == "retire":
-            return [updater.retire(ids) for ids in payloads]
         if kind == "catalog":
             target = catalog() if catalog is not None else None
             if target is None:

@@ -64,9 +64,9 @@ def _child_main(spec: AppSpec, conn: Any) -> None:
         parts = load_components(spec)
         service = Service(parts.engine, None, parts.ranker, parts.updater,  # type: ignore[arg-type]
                           parts.tokenizer)
-        run = make_runner(parts.engine, parts.ranker, parts.updater, service.catalog_version,
+        run = make_runner(parts.engine, parts.ranker, service.catalog_version,
                           lambda: service.catalog)
-        conn.send_bytes(_dump((True, service.catalog_version())))
+        conn.send_bytes(_dump((True, None)))
     except BaseException as err:  # noqa: BLE001 - reported to the server, which stops
         conn.send_bytes(_dump((False, _portable(err))))
         return
@@ -105,7 +105,6 @@ class EngineProcess:
         if not ok:
             self.close()
             raise RuntimeError(f"the engine process failed to start: {value}")
-        self.catalog_version = int(value)
 
     @property
     def pid(self) -> int | None:

@@ -85,15 +85,14 @@ class Components:
     tokenizer: Any = None
 
 
-def load_components(spec: AppSpec, device: str | None = None) -> Components:
-    """Load the engine (and ranker, catalog updater, tokenizer) named by ``spec``; ``device``
-    overrides ``spec.device``. Raises ValueError / RuntimeError / OSError (a bad checkpoint,
-    a missing package)."""
+def load_components(spec: AppSpec) -> Components:
+    """Load the engine (and ranker, catalog updater, tokenizer) named by ``spec``. Raises
+    ValueError / RuntimeError / OSError (a bad checkpoint, a missing package)."""
     from genrec.commands.generative import resolve_device
     from genrec.engine import Engine
     from genrec.serving.backends import load_catalog_updater, load_ranker, load_tokenizer
 
-    dev = resolve_device(device or spec.device, spec.threads)
+    dev = resolve_device(spec.device, spec.threads)
     engine = Engine.from_pretrained(spec.model, dtype=spec.dtype, device=dev)
     ranker = (load_ranker(spec.ranker, spec.catalog, dev, spec.dtype)
               if spec.ranker is not None else None)

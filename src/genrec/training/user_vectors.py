@@ -154,11 +154,11 @@ def load_saved_user_vectors(
 def resolve_user_vectors(
     source: str, sequences: Sequence[Sequence[int]], num_items: int, dim: int, seed: int = 0,
 ) -> torch.Tensor | None:
-    """``"none"`` -> None, ``"svd"`` / ``"svd-causal"`` -> :func:`compute_user_vectors` (the
-    per-user vectors; see :func:`svd_item_factors` for the causal windows), else a file."""
+    """``"none"`` -> None, ``"svd"`` -> :func:`compute_user_vectors`, else a file path
+    (``svd-causal`` is built by the generative trainer: :func:`svd_item_factors`)."""
     if source == "none":
         return None
-    if source in ("svd", "svd-causal"):
+    if source == "svd":
         return compute_user_vectors(sequences, num_items, dim, seed=seed)
     path = Path(source)
     if not path.is_file():
