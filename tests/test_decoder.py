@@ -102,6 +102,25 @@ def test_readout_returns_the_same_rows_as_a_full_forward(qwen3_dir) -> None:
     assert (part - full[last]).abs().max() < 1e-5
 
 
+def test_prefix_readout_returns_each_prompts_last_row(qwen3_dir) -> None:
+    from genrec.model.layout import Readout, prefix_last_layout
+
+    model = load_model(qwen3_dir)
+    lens = [7, 1, 4]
+    layout = build_layout(lens, [], [], prefix_cap=9)
+    tokens = torch.randint(0, 128, (layout.num_tokens,))
+    last = torch.tensor([6, 7, 11])
+    readout = Readout(last, prefix_last_layout(lens, prefix_cap=layout.prefix_cap))
+    with torch.no_grad():
+        embeds = model.model.embed_tokens(tokens)
+        full = model(embeds, layout.positions, layout)
+        part = model(embeds, layout.positions, layout, readout=readout)
+    assert part.shape == (3, 64)
+    assert (part - full[last]).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="non-empty"):
+        prefix_last_layout([3, 0], prefix_cap=9)
+
+
 def test_bf16_model_keeps_fp32_rotary_frequencies(qwen3_dir) -> None:
     from transformers import AutoModelForCausalLM
 

@@ -104,6 +104,25 @@ def test_early_stopping_keeps_the_best_epoch(tmp_path: Path) -> None:
     again = ScriptedTask([0.9])
     assert fit(model_for(again), again, tmp_path, config(5, 2), resume=True).epochs_done == 3
     assert again.calls == 0  # a stopped run stays stopped
+    more = ScriptedTask([0.2, 0.6])  # ... unless resumed with a patience it has not used up
+    result = fit(model_for(more), more, tmp_path, config(5, patience=0), resume=True)
+    assert more.calls == 2 and result.epochs_done == 5 and result.best_epoch == 5
+
+
+def test_keep_epochs_keeps_each_epochs_weights_without_optimizer_state(tmp_path: Path) -> None:
+    task = ScriptedTask([0.1, 0.3, 0.2])
+    cfg = LoopConfig(epochs=3, lr=1e-2, patience=0, progress=False, keep_epochs=True)
+    model = model_for(task)
+    fit(model, task, tmp_path, cfg)
+    kept = sorted(p.name for p in (tmp_path / "epochs").iterdir())
+    assert kept == ["001", "002", "003"]
+    assert not (tmp_path / "epochs" / "002" / STATE_FILE).exists()
+    assert SidVocab.exists(tmp_path / "epochs" / "002")
+    second = load_model(tmp_path / "epochs" / "002").state_dict()
+    best = load_model(tmp_path / BEST).state_dict()
+    assert all(torch.equal(second[k], best[k]) for k in best)  # epoch 2 is the best
+    last = load_model(tmp_path / "epochs" / "003").state_dict()
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in last.items())
 
 
 def test_an_interrupted_swap_is_recovered(tmp_path: Path) -> None:

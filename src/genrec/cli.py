@@ -110,6 +110,7 @@ def score(
 
 
 # Commands defined in genrec.commands are registered here, one line each.
+from genrec.commands.average import average_command  # noqa: E402
 from genrec.commands.duolm import encode_catalog  # noqa: E402  (also adds train teacher/duolm)
 from genrec.commands.generative import eval_command, index_command, train_app  # noqa: E402
 from genrec.commands.plot import plot_command  # noqa: E402
@@ -121,6 +122,7 @@ app.command("index")(index_command)
 app.command("serve")(serve)
 app.command("encode-catalog")(encode_catalog)
 app.command("plot")(plot_command)
+app.command("average")(average_command)
 
 
 if __name__ == "__main__":

@@ -147,6 +147,8 @@ def train_generative(
     dropout: Annotated[float, typer.Option(min=0.0, max=0.9, help="Dropout on the embeddings "
                                                                    "and residual branches.")] = 0.0,
     patience: Annotated[int, typer.Option(min=0, help="Early-stopping patience (0: off).")] = 5,
+    keep_epochs: Annotated[bool, typer.Option(help="Also keep each epoch's weights in "
+                                                   "OUT/epochs/NNN (for genrec average).")] = False,
     max_history: Annotated[int, typer.Option(min=1)] = 20,
     val_users: Annotated[int, typer.Option(min=0, help="Validation sample (0: none).")] = 2000,
     beam_width: Annotated[int, typer.Option(min=1)] = 20,
@@ -212,7 +214,7 @@ def train_generative(
                    f"on {dev}")
         config = LoopConfig(epochs=epochs, lr=lr, weight_decay=weight_decay,
                             warmup_ratio=warmup_ratio, grad_clip=grad_clip, patience=patience,
-                            seed=seed, progress=progress)
+                            seed=seed, progress=progress, keep_epochs=keep_epochs)
         result = fit(model.to(dev), task, out, config, resume=resume)
     except _INPUT_ERRORS as err:
         raise _fail(err) from None

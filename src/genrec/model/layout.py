@@ -203,3 +203,14 @@ def branch_last_readout(
         branch_cached=lens - 1, branch_cap=branch_cap, prefix_cap=prefix_cap,
     )
     return Readout(rows=last_rows, layout=layout)
+
+
+def prefix_last_layout(prefix_len: Lengths, prefix_cap: int) -> AttentionLayout:
+    """Layout of a :class:`Readout` of each request's last prefix token: a prefix of n keys
+    gives one query at n-1 over keys 0..n-1; ``prefix_cap`` is the cache's. Every prefix
+    must be non-empty."""
+    lens = _as_long(prefix_len, "prefix_len")
+    if lens.numel() and int(lens.min()) < 1:
+        raise ValueError("a prefix read-out needs non-empty prefixes")
+    return build_layout(torch.ones_like(lens), [], [], prefix_cached=lens - 1,
+                        prefix_cap=prefix_cap)

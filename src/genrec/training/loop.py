@@ -6,6 +6,8 @@ Output folder layout::
     out/last/   model (config.json, *.safetensors), the task's extras, train_state.pt
     out/best/   the same for the epoch with the best validation metric so far
     out/history.json   one entry per finished epoch
+    out/epochs/NNN/    with ``keep_epochs``: each epoch's model and extras (no train state),
+                       for checkpoint averaging (``genrec average``)
 
 A checkpoint folder is written in full under a hidden temporary name, then swapped in with
 renames, so ``last/`` and ``best/`` always hold one complete epoch. ``train_state.pt`` holds the
@@ -30,7 +32,7 @@ from tqdm.auto import tqdm
 from genrec.model.checkpoint import load_model, save_model
 from genrec.utils.atomic import atomic_write, atomic_write_json
 
-LAST, BEST = "last", "best"
+LAST, BEST, EPOCHS = "last", "best", "epochs"
 STATE_FILE = "train_state.pt"
 HISTORY_FILE = "history.json"
 
@@ -63,6 +65,7 @@ class LoopConfig:
     monitor: str = "ndcg@10"
     seed: int = 0
     progress: bool = True
+    keep_epochs: bool = False  # also keep every epoch's weights under out/epochs/NNN
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -121,6 +124,8 @@ def _recover(out: Path) -> None:
             os.replace(old, dst)
         shutil.rmtree(old, ignore_errors=True)
         shutil.rmtree(out / f".{name}.tmp", ignore_errors=True)
+    for tmp in (out / EPOCHS).glob(".*.tmp"):
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _write_checkpoint(model: nn.Module, task: TrainTask, out: Path, payload: dict) -> None:
@@ -132,6 +137,15 @@ def _write_checkpoint(model: nn.Module, task: TrainTask, out: Path, payload: dic
     task.save_extra(tmp)
     atomic_write(tmp / STATE_FILE, lambda t: torch.save(payload, t))
     _swap_in(tmp, out / LAST)
+
+
+def _keep_epoch(out: Path, epoch: int) -> None:
+    # a copy of last/ without the optimizer state, swapped in whole
+    dst = out / EPOCHS / f"{epoch:03d}"
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(out / LAST, tmp, ignore=shutil.ignore_patterns(STATE_FILE))
+    _swap_in(tmp, dst)
 
 
 def _publish_best(out: Path) -> None:
@@ -225,6 +239,8 @@ def fit(
         scheduler.load_state_dict(saved["scheduler"])
         _set_rng_state(saved["rng"])
         state = {k: saved[k] for k in state}
+        # a resumed run stops early under the patience it is given now (0: never)
+        state["stopped"] = cfg.patience > 0 and state["bad_epochs"] >= cfg.patience
     else:
         torch.manual_seed(cfg.seed)
 
@@ -256,6 +272,8 @@ def fit(
         payload = {**state, "optimizer": optimizer.state_dict(),
                    "scheduler": scheduler.state_dict(), "rng": _rng_state()}
         _write_checkpoint(model, task, out, payload)
+        if cfg.keep_epochs:
+            _keep_epoch(out, epoch + 1)
         if improved:
             _publish_best(out)
         atomic_write_json(out / HISTORY_FILE, state["history"])
