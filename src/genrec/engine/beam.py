@@ -34,8 +34,8 @@ def level_logprobs(
 ) -> torch.Tensor:
     """Full-vocabulary log-probabilities of the tokens ``offset .. offset+size-1``:
     hidden [N, H] -> [N, size] (fp32)."""
-    ids = torch.arange(offset, offset + size, device=hidden.device)
-    return model.label_logits(hidden, ids) - torch.logsumexp(model.logits(hidden), -1, True)
+    logits = model.logits(hidden)
+    return logits[:, offset : offset + size] - torch.logsumexp(logits, -1, True)
 
 
 @lru_cache(maxsize=256)

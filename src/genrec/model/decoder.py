@@ -8,7 +8,15 @@ from torch import nn
 
 from genrec.model.attention import KVCache, prefix_branch_attention
 from genrec.model.config import ModelConfig
-from genrec.model.layers import RMSNorm, Rotary, SwiGLU, apply_rotary, fused_linear, linear
+from genrec.model.layers import (
+    RMSNorm,
+    Rotary,
+    SwiGLU,
+    apply_rotary,
+    fused_linear,
+    linear,
+    rms_norm,
+)
 from genrec.model.layout import AttentionLayout, Readout
 from genrec.model.projector import SoftTokenProjector
 
@@ -40,10 +48,15 @@ class Attention(nn.Module):
         n = x.shape[0]
         qkv = fused_linear(self, x, self.q_proj, self.k_proj, self.v_proj)
         qkv = qkv.view(n, self.heads + 2 * self.kv_heads, self.head_dim)
-        q, k, v = qkv.split([self.heads, self.kv_heads, self.kv_heads], dim=1)
+        n_qk = self.heads + self.kv_heads
+        # q and k heads normed and rotated in one call each (per-head norm weights)
+        qk = qkv[:, :n_qk]
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+            weight = torch.cat([self.q_norm.weight.expand(self.heads, -1),
+                                self.k_norm.weight.expand(self.kv_heads, -1)])
+            qk = rms_norm(qk, weight, self.q_norm.eps)
+        q, k = apply_rotary(qk, *rope).split([self.heads, self.kv_heads], dim=1)
+        v = qkv[:, n_qk:]
         pk, pv, bk, bv = cache.write(layer, k, v, layout)
         if readout is not None:
             q, layout = q[readout.rows], readout.layout
