@@ -75,6 +75,7 @@ class Record:
     seconds_median: float
     timed_scores: int
     scores: torch.Tensor = field(repr=False)  # the first --check candidates of the first user
+    seconds_all: list[float] = field(default_factory=list)  # every timed call, in order
 
     def as_json(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "scores"}
@@ -217,7 +218,7 @@ class VllmWorker:
         script = Path(__file__).resolve().parent / "_vllm_score_worker.py"
         self.worker = cm.LineWorker(args.vllm_python, script, [str(job)],
                                     cm.vllm_env(work, args.threads, args.vllm_kv_gib),
-                                    work / "vllm-teacher.log")
+                                    work / "vllm-teacher.log", pause_when_idle=True)
         self.startup_s = self.worker.read("READY")["startup_s"]
         self.users = len(requests)
         self.last_seconds = 0.0
@@ -369,7 +370,7 @@ def run(args: argparse.Namespace, work: Path, shape: cm.ModelShape, requests: li
             timed = per_user[m] * len(requests)
             t = cm.Timing(times[m])
             out.append(Record(m, n, len(requests), timed / t.best, t.best, t.median, timed,
-                              scores[m][: args.check].float()))
+                              scores[m][: args.check].float(), times[m]))
             fanout = out[-1] if m == "teacher-fanout" else fanout
             extra = ""
             if m == "teacher-vllm":

@@ -131,7 +131,7 @@ class VllmWorker:
         script = Path(__file__).resolve().parent / "_vllm_score_worker.py"
         self.worker = cm.LineWorker(args.vllm_python, script, [str(job)],
                                  cm.vllm_env(work, args.threads, args.vllm_kv_gib),
-                                 work / f"vllm-{dtype}.log")
+                                 work / f"vllm-{dtype}.log", pause_when_idle=True)
         self.startup_s = self.worker.read("READY")["startup_s"]
         self.last_seconds = 0.0
         self.cached: dict[tuple[str, int], str] = {}

@@ -43,3 +43,18 @@ def test_to_moves_tensors() -> None:
     assert isinstance(lay.positions, torch.Tensor)
     mask = lay.additive_mask("shared_mask", torch.float32)
     assert mask is None
+
+
+def test_shared_layout_is_memoised_for_small_layouts_only() -> None:
+    from genrec.model.layout import SHARED_LAYOUT_MAX_TOKENS, shared_layout
+
+    a = shared_layout([3, 2], [0, 0, 1], [2, 1, 4])
+    b = shared_layout((3, 2), torch.tensor([0, 0, 1]), [2, 1, 4])
+    assert a is b  # lists, tuples and tensors of the same lengths share one layout
+    ref = build_layout([3, 2], [0, 0, 1], [2, 1, 4])
+    for name, value in ref.__dict__.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, getattr(a, name)), name
+    assert shared_layout([3, 2], [0, 0, 1], [2, 1, 5]) is not a
+    big = [SHARED_LAYOUT_MAX_TOKENS + 1]
+    assert shared_layout(big, [], []) is not shared_layout(big, [], [])

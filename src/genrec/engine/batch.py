@@ -5,12 +5,13 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
 from genrec.catalog.item_table import ItemTable
 from genrec.engine.inputs import InputError, InputPacker, PackedInputs, Part
-from genrec.model.layout import AttentionLayout, build_layout
+from genrec.model.layout import AttentionLayout, shared_layout
 
 
 @dataclass
@@ -86,6 +87,17 @@ def pack_requests(
         p_len = packer.add(prefix, f"{where}.prefix")
         prefix_lens.append(p_len)
         prefix_last.append(base + p_len - 1 if p_len else -1)
+        first = len(packer)
+        lens = packer.add_token_lists(cands, limits.max_positions - p_len)
+        if lens is not None:  # all plain token lists: bulk bookkeeping, no loop per candidate
+            cand_starts = list(accumulate(lens[:-1], initial=first))
+            starts += cand_starts
+            part_starts += cand_starts
+            part_names += [(where, c) for c in range(len(lens))]
+            branch_lens += lens
+            branch_req += [r] * len(lens)
+            counts.append(len(lens))
+            continue
         for c, cand in enumerate(cands):
             start = len(packer)
             starts.append(start)
@@ -152,7 +164,7 @@ def pack_requests(
         users.append(vector)
         soft_used.append(found[0])
 
-    layout = build_layout(prefix_lens, branch_req, branch_lens)
+    layout = shared_layout(prefix_lens, branch_req, branch_lens)
     return PackedBatch(
         inputs=packer.finish(soft_used, users, ids), layout=layout, prefix_lens=prefix_lens,
         branch_lens=branch_lens, branch_starts=torch.tensor(starts, dtype=torch.long),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 
 import torch
 from torch import nn
@@ -98,6 +99,21 @@ class InputPacker:
                 raise InputError(f"{field}: elements must be int token ids or Embeds, got "
                                  f"{type(element).__name__}")
         return n
+
+    def add_token_lists(self, parts: Sequence[Part], max_len: int) -> list[int] | None:
+        """Append many parts at once when each is a plain list of 1..``max_len`` non-negative
+        int ids (the usual candidate list); returns their lengths, or None (nothing added)
+        otherwise, so that the caller checks part by part and names the culprit."""
+        if type(parts) is not list or not all(type(p) is list for p in parts):
+            return None
+        lens = [len(p) for p in parts]
+        if not lens or min(lens) == 0 or max(lens) > max_len:
+            return None
+        flat = list(chain.from_iterable(parts))
+        if not all(type(e) is int for e in flat) or (flat and min(flat) < 0):
+            return None
+        self._ids.extend(flat)
+        return lens
 
     def token_tensor(self) -> torch.Tensor:
         """The packed token ids so far: [T] long (-1 where raw embeddings go)."""

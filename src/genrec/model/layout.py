@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 
@@ -191,16 +192,49 @@ class Readout:
         return Readout(self.rows.to(device), self.layout.to(device))
 
 
+# Layouts up to this many tokens are memoised by shared_layout (larger ones are rebuilt).
+SHARED_LAYOUT_MAX_TOKENS = 8192
+
+
+def _key(x: Lengths | None) -> tuple[int, ...] | None:
+    if x is None:
+        return None
+    return tuple(x.tolist()) if isinstance(x, torch.Tensor) else tuple(x)
+
+
+@lru_cache(maxsize=64)
+def _memoised_layout(*key: tuple[int, ...] | int | None) -> AttentionLayout:
+    p_new, b_req, b_new, p_cached, b_cached, p_cap, b_cap = key
+    return build_layout(p_new, b_req, b_new, p_cached, b_cached, p_cap, b_cap)
+
+
+def shared_layout(
+    prefix_new: Lengths, branch_request: Lengths, branch_new: Lengths,
+    prefix_cached: Lengths | None = None, branch_cached: Lengths | None = None,
+    prefix_cap: int | None = None, branch_cap: int | None = None,
+) -> AttentionLayout:
+    """:func:`build_layout`, memoised for small layouts: requests of one shape (the same
+    prefix and candidate lengths, e.g. DuoLM candidates of k tokens) recur, and building a
+    layout costs ~0.3 ms. A layout is never modified after it is built (its lazily built
+    float masks are derived data), so sharing one between forwards is safe."""
+    key = tuple(_key(x) for x in (prefix_new, branch_request, branch_new, prefix_cached,
+                                  branch_cached)) + (prefix_cap, branch_cap)
+    if sum(key[0]) + sum(key[2]) > SHARED_LAYOUT_MAX_TOKENS:
+        return build_layout(*key)
+    return _memoised_layout(*key)
+
+
 def branch_last_readout(
     prefix_len: Lengths, branch_request: Lengths, branch_len: Lengths, last_rows: torch.Tensor,
     branch_cap: int, prefix_cap: int | None = None,
 ) -> Readout:
     """Readout of each branch's last token (a branch of n keys reads keys 0..n-1)."""
-    lens = _as_long(branch_len, "branch_len")
-    n_req = _as_long(prefix_len, "prefix_len").numel()
-    layout = build_layout(
-        [0] * n_req, branch_request, torch.ones_like(lens), prefix_cached=prefix_len,
-        branch_cached=lens - 1, branch_cap=branch_cap, prefix_cap=prefix_cap,
+    lens = _key(branch_len)
+    if any(n < 1 for n in lens):
+        raise ValueError("branch_len: every branch needs a token to read")
+    layout = shared_layout(
+        [0] * len(_key(prefix_len)), branch_request, [1] * len(lens), prefix_cached=prefix_len,
+        branch_cached=[n - 1 for n in lens], branch_cap=branch_cap, prefix_cap=prefix_cap,
     )
     return Readout(rows=last_rows, layout=layout)
 
