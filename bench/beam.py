@@ -9,6 +9,8 @@
 
 Settings: beam widths 8/32/128, prefixes of ~100 and ~500 tokens (histories of 25 and 125 items),
 1 and 32 requests per batch. Before timing, genrec's and transformers' top items are compared.
+For each one-request setting it also prints a floor: the time the linear products of one
+request take alone on this CPU (see ``linear_floor_s``), against what the target ratios need.
 
 Quick run: ``python bench/beam.py --widths 8 --prefixes 100 --batches 1``.
 """
@@ -61,6 +63,42 @@ def save_tokenizer(ckpt: Path, vocab_size: int) -> None:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t2", pad_token="t2",
                             eos_token="t0").save_pretrained(ckpt)
+
+
+def linear_floor_s(shape: ModelShape, prompt: int, width: int, repeats: int = 20) -> float:
+    """Time the linear products of one request's constrained search take alone: the prompt
+    forward (``prompt`` rows; the last layer's attention output, MLP and LM head for its last
+    row only), then one forward of ``width`` beam tokens per further level, each layer with
+    its own weights (as in the model: they do not all stay in the CPU caches), run back to
+    back. The faster of oneDNN with packed weights (genrec's path) and MKL's ``torch.mm``,
+    best of ``repeats``. Nothing else (attention, norms, top-k) is counted."""
+    h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    i = shape.intermediate
+    sizes = [(h, q + 2 * kv), (q, h), (h, i), (h, i), (i, h)]  # qkv, o, gate, up, down
+    weights = [[torch.randn(n, k) for k, n in sizes] for _ in range(shape.layers)]
+    head = torch.randn(shape.vocab, h)
+    # (rows, weight) in the order one request runs them
+    plan = []
+    for layer, (qkv, *rest) in enumerate(weights):
+        rows = 1 if layer == shape.layers - 1 else prompt
+        plan += [(prompt, qkv)] + [(rows, w) for w in rest]
+    plan.append((1, head))
+    for _ in range(LEVELS - 1):
+        plan += [(width, w) for layer in weights for w in layer] + [(width, head)]
+    inputs = {(rows, w.shape[1]): torch.randn(rows, w.shape[1]) for rows, w in plan}
+    packed = {id(w): torch.ops.mkldnn._reorder_linear_weight(w, None) for _, w in plan}
+    onednn = [(inputs[(r, w.shape[1])], packed[id(w)]) for r, w in plan]
+    mkl = [(inputs[(r, w.shape[1])], w.t().contiguous()) for r, w in plan]
+
+    def run_onednn() -> None:
+        for x, w in onednn:
+            torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+
+    def run_mkl() -> None:
+        for x, w in mkl:
+            torch.mm(x, w)
+
+    return min(time_fn(fn, repeats, warmup=3)[0].best for fn in (run_onednn, run_mkl))
 
 
 def hf_generate(model, vocab: SidVocab, prompts: torch.Tensor, width: int):  # noqa: ANN001
@@ -190,6 +228,13 @@ def main(argv: list[str] | None = None) -> int:
         results, status = run_vllm(args, work, ckpt, settings, prompts)
         print(f"vllm: {status}", flush=True)
         records += [{"method": "vllm", **r} for r in results]
+    floors = {}
+    for s in settings:
+        if s["batch"] == 1:  # the latency-bound setting: what the products alone allow
+            p, w = s["prefix"], s["beam_width"]
+            floors[(p, w)] = linear_floor_s(shape, len(prompts[p][0]), w)
+            records.append({"method": "linear-floor", "beam_width": w, "batch": 1, "prefix": p,
+                            "requests_per_s": 1 / floors[(p, w)]})
     rate = {(r["method"], r["prefix"], r["beam_width"], r["batch"]): r["requests_per_s"]
             for r in records}
     table = []
@@ -204,6 +249,15 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(["prefix", "width", "batch", "genrec req/s", "hf req/s", "genrec/hf",
                         "vllm req/s", "genrec/vllm"], table))
     print("vllm runs unconstrained beam search (LLM.beam_search cannot take the trie).")
+    for (p, w), floor in floors.items():
+        line = (f"one request, prefix {p}, width {w}: the linear products alone take "
+                f"{floor * 1e3:.2f} ms at this CPU's speed for their shapes (at most "
+                f"{1 / floor:.1f} requests/s); genrec {1e3 / rate[('genrec', p, w, 1)]:.2f} ms")
+        for m, target in (("hf", 30), ("vllm", 10)):
+            r = rate.get((m, p, w, 1))
+            if r:
+                line += f"; {target}x {m} needs {1e3 / (target * r):.2f} ms"
+        print(line)
     if args.json:
         write_json(args.json, {"machine": machine_note(), "records": records})
     return 0
