@@ -6,6 +6,7 @@ Benchmarks are scripts, not tests: they print a table and optionally write JSON 
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import platform
@@ -246,6 +247,14 @@ class LineWorker:
         self.proc = subprocess.Popen([python, str(script), *script_args], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.log, text=True, start_new_session=True)
+        # its own process group does not get the terminal's Ctrl-C, and a stopped worker would
+        # not see its stdin close: end the group if this process exits without close()
+        atexit.register(self._end_group)
+
+    def _end_group(self) -> None:
+        if self.proc.poll() is None:
+            for sig in (signal.SIGCONT, signal.SIGTERM):
+                os.killpg(self.proc.pid, sig)
 
     def _signal(self, sig: int) -> None:
         if self.pause_when_idle and self.proc.poll() is None:

@@ -38,18 +38,14 @@ def level_logprobs(
     return logits[:, offset : offset + size] - torch.logsumexp(logits, -1, True)
 
 
-@lru_cache(maxsize=256)
-def search_layouts(
+# Searches of at most this many beams in all (requests x width) reuse cached layouts.
+CACHED_SEARCH_BEAMS = 1024
+
+
+def _build_search_layouts(
     prefix_lens: tuple[int, ...], prefix_cap: int, beam_width: int, levels: int,
     device: torch.device,
 ) -> tuple[AttentionLayout, list[AttentionLayout]]:
-    """The layouts a search needs besides its prompts': the read-out of each prompt's last
-    row, and the decode steps (level 1 .. levels-1: one new token per beam).
-
-    Built on the host and moved once; cached, since a request's shape (its prompt length and
-    width) recurs: building them took ~1.5 ms of a 20 ms single-request search. Layouts are
-    never modified after construction, so sharing them across searches is safe.
-    """
     n_req = len(prefix_lens)
     readout = prefix_last_layout(prefix_lens, prefix_cap).to(device)
     branch_req = torch.arange(n_req).repeat_interleave(beam_width)
@@ -61,6 +57,26 @@ def search_layouts(
         for level in range(1, levels)
     ]
     return readout, steps
+
+
+_cached_search_layouts = lru_cache(maxsize=128)(_build_search_layouts)
+
+
+def search_layouts(
+    prefix_lens: tuple[int, ...], prefix_cap: int, beam_width: int, levels: int,
+    device: torch.device,
+) -> tuple[AttentionLayout, list[AttentionLayout]]:
+    """The layouts a search needs besides its prompts': the read-out of each prompt's last
+    row, and the decode steps (level 1 .. levels-1: one new token per beam).
+
+    Built on the host and moved once. Small searches' layouts are cached, since a request's
+    shape (its prompt length and width) recurs: building them took ~1.5 ms of a 20 ms
+    single-request search. Layouts are never modified after construction, so sharing them
+    across searches is safe.
+    """
+    build = _cached_search_layouts if len(prefix_lens) * beam_width <= CACHED_SEARCH_BEAMS \
+        else _build_search_layouts
+    return build(prefix_lens, prefix_cap, beam_width, levels, device)
 
 
 @torch.inference_mode()
