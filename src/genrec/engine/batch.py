@@ -59,6 +59,20 @@ def _locate(
     return name if isinstance(name, str) else f"{name[0]}.candidates[{name[1]}]"
 
 
+def _add_candidate(
+    packer: InputPacker, cand: Part, where: str, c: int, p_len: int, max_positions: int
+) -> int:
+    n = packer.add(cand, lambda: f"{where}.candidates[{c}]")
+    if n == 0:
+        raise InputError(f"{where}.candidates[{c}]: empty candidate")
+    if p_len + n > max_positions:
+        raise InputError(
+            f"{where}.candidates[{c}]: prefix ({p_len}) + candidate ({n}) tokens "
+            f"exceed the model's maximum of {max_positions} positions"
+        )
+    return n
+
+
 def pack_requests(
     prefixes: Sequence[Part],
     branches: Sequence[Sequence[Part]],
@@ -88,32 +102,19 @@ def pack_requests(
         prefix_lens.append(p_len)
         prefix_last.append(base + p_len - 1 if p_len else -1)
         first = len(packer)
+        # plain token lists go in one bulk step; otherwise part by part, errors named
         lens = packer.add_token_lists(cands, limits.max_positions - p_len)
-        if lens is not None:  # all plain token lists: bulk bookkeeping, no loop per candidate
+        if lens is None:
+            lens = [_add_candidate(packer, cand, where, c, p_len, limits.max_positions)
+                    for c, cand in enumerate(cands)]
+        if lens:
             cand_starts = list(accumulate(lens[:-1], initial=first))
             starts += cand_starts
             part_starts += cand_starts
-            part_names += [(where, c) for c in range(len(lens))]
-            branch_lens += lens
-            branch_req += [r] * len(lens)
-            counts.append(len(lens))
-            continue
-        for c, cand in enumerate(cands):
-            start = len(packer)
-            starts.append(start)
-            part_starts.append(start)
-            part_names.append((where, c))  # named only when an error is reported
-            n = packer.add(cand, lambda w=where, c=c: f"{w}.candidates[{c}]")
-            if n == 0:
-                raise InputError(f"{where}.candidates[{c}]: empty candidate")
-            if p_len + n > limits.max_positions:
-                raise InputError(
-                    f"{where}.candidates[{c}]: prefix ({p_len}) + candidate ({n}) tokens "
-                    f"exceed the model's maximum of {limits.max_positions} positions"
-                )
-            branch_lens.append(n)
-            branch_req.append(r)
-        counts.append(len(cands))
+            part_names += [(where, c) for c in range(len(lens))]  # named only on an error
+        branch_lens += lens
+        branch_req += [r] * len(lens)
+        counts.append(len(lens))
 
     ids = packer.token_tensor()
     limit = limits.vocab_size + limits.item_rows

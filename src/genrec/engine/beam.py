@@ -9,13 +9,12 @@ loop over beams or requests, and nothing read back to the host until the end.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
 from genrec.catalog.trie import SemanticTrie, allowed_codes
 from genrec.model.decoder import DecoderLM
-from genrec.model.layout import AttentionLayout, Readout, build_layout, prefix_last_layout
+from genrec.model.layout import AttentionLayout, Readout, prefix_last_layout, shared_layout
 
 _NEG_INF = float("-inf")
 
@@ -38,45 +37,23 @@ def level_logprobs(
     return logits[:, offset : offset + size] - torch.logsumexp(logits, -1, True)
 
 
-# Searches of at most this many beams in all (requests x width) reuse cached layouts.
-CACHED_SEARCH_BEAMS = 1024
-
-
-def _build_search_layouts(
-    prefix_lens: tuple[int, ...], prefix_cap: int, beam_width: int, levels: int,
+def search_layouts(
+    prefix_lens: list[int], prefix_cap: int, beam_width: int, levels: int,
     device: torch.device,
 ) -> tuple[AttentionLayout, list[AttentionLayout]]:
-    n_req = len(prefix_lens)
-    readout = prefix_last_layout(prefix_lens, prefix_cap).to(device)
-    branch_req = torch.arange(n_req).repeat_interleave(beam_width)
+    """The layouts a search needs besides its prompts', on ``device``: the read-out of each
+    prompt's last row, and the decode steps (level 1 .. levels-1: one new token per beam).
+    Built through :func:`shared_layout`, so a recurring request shape reuses them."""
+    n_beams = len(prefix_lens) * beam_width
+    branch_req = [r for r in range(len(prefix_lens)) for _ in range(beam_width)]
     steps = [
-        build_layout(
-            [0] * n_req, branch_req, [1] * (n_req * beam_width), prefix_cached=prefix_lens,
-            branch_cached=[level - 1] * (n_req * beam_width), branch_cap=levels - 1,
+        shared_layout(
+            [0] * len(prefix_lens), branch_req, [1] * n_beams, prefix_cached=prefix_lens,
+            branch_cached=[level - 1] * n_beams, branch_cap=levels - 1,
         ).to(device)
         for level in range(1, levels)
     ]
-    return readout, steps
-
-
-_cached_search_layouts = lru_cache(maxsize=128)(_build_search_layouts)
-
-
-def search_layouts(
-    prefix_lens: tuple[int, ...], prefix_cap: int, beam_width: int, levels: int,
-    device: torch.device,
-) -> tuple[AttentionLayout, list[AttentionLayout]]:
-    """The layouts a search needs besides its prompts': the read-out of each prompt's last
-    row, and the decode steps (level 1 .. levels-1: one new token per beam).
-
-    Built on the host and moved once. Small searches' layouts are cached, since a request's
-    shape (its prompt length and width) recurs: building them took ~1.5 ms of a 20 ms
-    single-request search. Layouts are never modified after construction, so sharing them
-    across searches is safe.
-    """
-    build = _cached_search_layouts if len(prefix_lens) * beam_width <= CACHED_SEARCH_BEAMS \
-        else _build_search_layouts
-    return build(prefix_lens, prefix_cap, beam_width, levels, device)
+    return prefix_last_layout(prefix_lens, prefix_cap).to(device), steps
 
 
 @torch.inference_mode()
@@ -101,8 +78,7 @@ def constrained_beam_search(
     device = embeds.device
     n_req, width, levels = prefix_layout.num_requests, beam_width, trie.num_levels
     readout_layout, layouts = search_layouts(
-        tuple(prefix_layout.prefix_len.tolist()), prefix_layout.prefix_cap, width, levels,
-        device,
+        prefix_layout.prefix_len.tolist(), prefix_layout.prefix_cap, width, levels, device
     )
     cache = model.new_cache(prefix_layout, num_branches=n_req * width, branch_cap=levels - 1)
     # The last layer runs its attention output and MLP for each prompt's last row only.

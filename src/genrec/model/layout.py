@@ -243,8 +243,8 @@ def prefix_last_layout(prefix_len: Lengths, prefix_cap: int) -> AttentionLayout:
     """Layout of a :class:`Readout` of each request's last prefix token: a prefix of n keys
     gives one query at n-1 over keys 0..n-1; ``prefix_cap`` is the cache's. Every prefix
     must be non-empty."""
-    lens = _as_long(prefix_len, "prefix_len")
-    if lens.numel() and int(lens.min()) < 1:
+    lens = _key(prefix_len)
+    if any(n < 1 for n in lens):
         raise ValueError("a prefix read-out needs non-empty prefixes")
-    return build_layout(torch.ones_like(lens), [], [], prefix_cached=lens - 1,
-                        prefix_cap=prefix_cap)
+    return shared_layout([1] * len(lens), [], [], prefix_cached=[n - 1 for n in lens],
+                         prefix_cap=prefix_cap)
