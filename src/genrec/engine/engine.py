@@ -26,6 +26,7 @@ from genrec.engine.scoring import read_scores
 from genrec.generative.vocab import SOFT_ID, SidVocab
 from genrec.model.checkpoint import load_model
 from genrec.model.decoder import DecoderLM
+from genrec.utils.allocator import keep_freed_memory
 
 
 class Engine:
@@ -41,6 +42,8 @@ class Engine:
     ) -> None:
         self.model = model.eval()
         self.config = config or EngineConfig()
+        if self.model.device.type == "cpu":
+            keep_freed_memory()  # activations reused across forwards, not re-faulted
         self.item_table: ItemTable | None = None
         self.catalog: CatalogState | None = None  # the generative catalog, swapped whole
         if item_table is not None:

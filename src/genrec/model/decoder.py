@@ -12,13 +12,18 @@ from genrec.model.layers import (
     RMSNorm,
     Rotary,
     SwiGLU,
-    apply_rotary,
     fused_linear,
+    inv_rms,
     linear,
-    rms_norm,
+    norm_rotary,
+    scale_rows,
 )
 from genrec.model.layout import AttentionLayout, Readout
 from genrec.model.projector import SoftTokenProjector
+
+# Up to this many rows, q and k heads are normed and rotated in one call (few ops matter more
+# than one extra [rows, heads, head_dim] factor).
+_FEW_ROWS = 256
 
 
 class Attention(nn.Module):
@@ -36,27 +41,45 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
+        # q and k are head-normed and unbiased: the input norm's row scale cancels in them
+        self.scale_free = cfg.qk_norm and not bias
         self.scale = self.head_dim**-0.5
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+        self, x: torch.Tensor, norm: RMSNorm, rope: tuple[torch.Tensor, torch.Tensor],
         layout: AttentionLayout, cache: KVCache, layer: int, residual: torch.Tensor | None,
         readout: Readout | None = None,
     ) -> torch.Tensor:
-        """x: [T, hidden] (normed) -> residual + attention output [T, hidden], or only the
-        ``readout`` rows [K, hidden] (keys and values are written for all T rows)."""
-        n = x.shape[0]
-        qkv = fused_linear(self, x, self.q_proj, self.k_proj, self.v_proj)
-        qkv = qkv.view(n, self.heads + 2 * self.kv_heads, self.head_dim)
-        n_qk = self.heads + self.kv_heads
-        # q and k heads normed and rotated in one call each (per-head norm weights)
-        qk = qkv[:, :n_qk]
-        if self.qk_norm:
-            weight = torch.cat([self.q_norm.weight.expand(self.heads, -1),
-                                self.k_norm.weight.expand(self.kv_heads, -1)])
-            qk = rms_norm(qk, weight, self.q_norm.eps)
-        q, k = apply_rotary(qk, *rope).split([self.heads, self.kv_heads], dim=1)
+        """x: [T, hidden] (before ``norm``) -> residual + attention output [T, hidden], or only
+        the ``readout`` rows [K, hidden] (keys and values are written for all T rows)."""
+        n, heads, n_qk = x.shape[0], self.heads, self.heads + self.kv_heads
+        # norm(x) = x * r * w with r = 1/rms(x) per row: w is folded into the projection
+        # weights; r is applied to x, or, when scale_free, to v alone: a head norm of
+        # q = r q' equals that of q' under the per-row epsilon eps / r^2.
+        ms = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
+        ms = ms.square() / x.shape[-1]  # [T, 1]
+        r = (ms + norm.eps).rsqrt()
+        x_in = x if self.scale_free else scale_rows(x, r)
+        qkv = fused_linear(self, x_in, self.q_proj, self.k_proj, self.v_proj,
+                           in_scale=norm.weight)
+        qkv = qkv.view(n, n_qk + self.kv_heads, self.head_dim)
         v = qkv[:, n_qk:]
+        if self.scale_free:
+            v = scale_rows(v, r[:, :, None])
+        q, k = qkv[:, :heads], qkv[:, heads:n_qk]
+        if self.qk_norm:
+            eps = self.q_norm.eps * (ms + norm.eps)[:, :, None] if self.scale_free \
+                else self.q_norm.eps
+            head_r = inv_rms(qkv[:, :n_qk], eps)  # [T, heads + kv_heads, 1]
+            if n <= _FEW_ROWS:  # one call: fewer ops, a [T, heads + kv_heads, D] factor
+                qk = norm_rotary(qkv[:, :n_qk], self._qk_weight(), head_r, *rope)
+                q, k = qk[:, :heads], qk[:, heads:]
+            else:  # per head group: [T, 1, D] factors only
+                q = norm_rotary(q, self.q_norm.weight, head_r[:, :heads], *rope)
+                k = norm_rotary(k, self.k_norm.weight, head_r[:, heads:], *rope)
+        else:
+            qk = norm_rotary(qkv[:, :n_qk], None, None, *rope)
+            q, k = qk[:, :heads], qk[:, heads:]
         pk, pv, bk, bv = cache.write(layer, k, v, layout)
         if readout is not None:
             q, layout = q[readout.rows], readout.layout
@@ -64,6 +87,21 @@ class Attention(nn.Module):
             n = q.shape[0]
         out = prefix_branch_attention(q, pk, pv, bk, bv, layout, self.scale)
         return linear(out.reshape(n, self.heads * self.head_dim), self.o_proj, add=residual)
+
+
+    def _qk_weight(self) -> torch.Tensor:
+        # [heads + kv_heads, D]: q_norm's weight per query head, k_norm's per key head; kept
+        # between forwards without autograd (rebuilt when a weight changes)
+        parts = (self.q_norm.weight, self.k_norm.weight)
+        key = tuple((w.data_ptr(), w._version) for w in parts)
+        cached = self.__dict__.get("_genrec_qk_weight")
+        if not torch.is_grad_enabled() and cached is not None and cached[0] == key:
+            return cached[1]
+        weight = torch.cat([self.q_norm.weight.expand(self.heads, -1),
+                            self.k_norm.weight.expand(self.kv_heads, -1)])
+        if not torch.is_grad_enabled():
+            self.__dict__["_genrec_qk_weight"] = (key, weight)
+        return weight
 
 
 class DecoderLayer(nn.Module):
@@ -75,14 +113,16 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x, rope, layout, cache, layer, readout=None, dropout=0.0):  # noqa: ANN001
+        # The norms' weights are folded into the next projections (see Attention, SwiGLU).
+        post = self.post_attention_layernorm
         if dropout:  # training only: dropout on each residual branch (no fused residual add)
-            x = x + F.dropout(self.self_attn(self.input_layernorm(x), rope, layout, cache, layer,
+            x = x + F.dropout(self.self_attn(x, self.input_layernorm, rope, layout, cache, layer,
                                              residual=None), dropout, training=True)
-            return x + F.dropout(self.mlp(self.post_attention_layernorm(x)), dropout,
-                                 training=True)
-        x = self.self_attn(self.input_layernorm(x), rope, layout, cache, layer, residual=x,
+            h = scale_rows(x, inv_rms(x, post.eps))
+            return x + F.dropout(self.mlp(h, in_scale=post.weight), dropout, training=True)
+        x = self.self_attn(x, self.input_layernorm, rope, layout, cache, layer, residual=x,
                            readout=readout)
-        return self.mlp(self.post_attention_layernorm(x), residual=x)
+        return self.mlp(scale_rows(x, inv_rms(x, post.eps)), residual=x, in_scale=post.weight)
 
 
 class Backbone(nn.Module):

@@ -7,21 +7,61 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def _in_place(*xs: torch.Tensor) -> bool:
+    # in-place steps are safe unless autograd records them
+    return not (torch.is_grad_enabled() and any(x.requires_grad for x in xs))
+
+
+def inv_rms(x: torch.Tensor, eps: float | torch.Tensor) -> torch.Tensor:
+    """1 / sqrt(mean(x^2 over the last dim) + eps) in fp32: [..., 1]. ``eps`` may be a tensor
+    broadcasting against [..., 1] (a per-row epsilon)."""
+    # one fused reduction pass over x (torch's pow + mean would take two)
+    ms = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
+    if _in_place(x) and not (isinstance(eps, torch.Tensor) and eps.requires_grad):
+        return ms.square_().mul_(1.0 / x.shape[-1]).add_(eps).rsqrt_()
+    return (ms.square() / x.shape[-1] + eps).rsqrt()
+
+
+def scale_rows(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x * scale (scale [..., 1], fp32), computed in fp32 and cast to x's dtype."""
+    if x.dtype == torch.float32:
+        return x * scale
+    return (x.float() * scale).to(x.dtype)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2 over the last dim) + eps) * weight, computed in fp32 and cast back
-    before the weight (as HF Qwen3/Llama do). ``weight`` broadcasts against x: [dim], or
-    [heads, dim] for one call over several heads' slices with their own weights."""
-    dtype = x.dtype
-    if dtype == torch.float32 and not (torch.is_grad_enabled() and x.requires_grad):
-        # Two passes over x (a fused norm reduction, then one scaling) instead of
-        # F.rms_norm's four on the CPU (pow, mean, mul, mul): 30-40% faster from a few
-        # hundred rows on; the in-place steps touch only the [..., 1] scale.
-        scale = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
-        scale = scale.square_().mul_(1.0 / x.shape[-1]).add_(eps).rsqrt_()
-        return (x * scale).mul_(weight)
-    xf = x.float()
-    ms = xf.square().mean(dim=-1, keepdim=True)
-    return (xf * torch.rsqrt(ms + eps)).to(dtype) * weight
+    before the weight (as HF Qwen3/Llama do). ``weight`` broadcasts against x."""
+    y = scale_rows(x, inv_rms(x, eps))
+    return y.mul_(weight) if _in_place(y, weight) else y * weight
+
+
+def norm_rotary(
+    x: torch.Tensor, weight: torch.Tensor | None, scale: torch.Tensor | None,
+    cos: torch.Tensor, signed_sin: torch.Tensor,
+) -> torch.Tensor:
+    """rotary(x * scale * weight): a head norm's scaling and weight, then the rotary
+    embedding (rotate-half convention), in three passes over x.
+
+    x: [T, heads, head_dim]; weight: [head_dim], [heads, head_dim] or None; scale:
+    [T, heads, 1] or None;
+    cos, signed_sin: [T, 1, head_dim] (signed: -sin on the first half, see ``Rotary``).
+    The weight is folded into the [T, 1, head_dim] factors:
+    out_lo = x_lo * w_lo cos - x_hi * w_hi sin, out_hi = x_hi * w_hi cos + x_lo * w_lo sin.
+    """
+    half = x.shape[-1] // 2
+    cw, sw = cos, signed_sin
+    if weight is not None:
+        cw, sw = cos * weight, signed_sin * weight.roll(half, dims=-1)
+    lo, hi = x[..., :half], x[..., half:]
+    if not _in_place(x, cw, sw) or (scale is not None and not _in_place(scale)):
+        out = torch.cat((lo * cw[..., :half] + hi * sw[..., :half],
+                         hi * cw[..., half:] + lo * sw[..., half:]), dim=-1)
+        return out if scale is None else (out * scale).to(x.dtype)
+    out = x * cw
+    out[..., :half].addcmul_(hi, sw[..., :half])
+    out[..., half:].addcmul_(lo, sw[..., half:])
+    return out if scale is None else out.mul_(scale)
 
 
 class RMSNorm(nn.Module):
@@ -61,14 +101,6 @@ class Rotary(nn.Module):
         )
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """x * cos + rotate_half(x) * sin, with rotate_half(x) * sin = roll(x) * signed_sin.
-
-    x: [T, heads, head_dim]; cos, signed_sin: [T, 1, head_dim].
-    """
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
-
-
 class SwiGLU(nn.Module):
     """down(silu(gate(x)) * up(x)) (+ residual)."""
 
@@ -78,9 +110,14 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        gate = linear(x, self.gate_proj, silu=True)
-        return linear(linear(x, self.up_proj, mul=gate), self.down_proj, add=residual)
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None,
+        in_scale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``in_scale`` [hidden]: multiplies x's columns, folded into gate and up weights."""
+        gate = linear(x, self.gate_proj, silu=True, in_scale=in_scale)
+        up = linear(x, self.up_proj, mul=gate, in_scale=in_scale)
+        return linear(up, self.down_proj, add=residual)
 
 
 def _onednn_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -93,17 +130,24 @@ def _onednn_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def _packed(owner: nn.Module, layers: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
-    # oneDNN-blocked copy of the concatenated weights (and biases), rebuilt whenever a weight
-    # changes: in-place updates bump ``_version``, moves change ``data_ptr``.
-    key = tuple(
-        (p.data_ptr(), p._version, p.dtype)
-        for layer in layers for p in (layer.weight, layer.bias) if p is not None
-    )
+def _weight(layer: nn.Linear, in_scale: torch.Tensor | None) -> torch.Tensor:
+    # W diag(in_scale): W (x * in_scale) == (W diag(in_scale)) x
+    return layer.weight if in_scale is None else layer.weight * in_scale
+
+
+def _packed(
+    owner: nn.Module, layers: tuple[nn.Linear, ...], in_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, ...]:
+    # oneDNN-blocked copy of the concatenated weights (and biases), with ``in_scale`` folded
+    # in, rebuilt whenever a weight changes: in-place updates bump ``_version``, moves change
+    # ``data_ptr``.
+    params = [p for layer in layers for p in (layer.weight, layer.bias) if p is not None]
+    key = tuple((p.data_ptr(), p._version, p.dtype) for p in params + [in_scale]
+                if p is not None)
     cached = owner.__dict__.get("_genrec_packed")
     if cached is None or cached[0] != key:
         with torch.no_grad():
-            weight = torch.cat([layer.weight for layer in layers]).detach()
+            weight = torch.cat([_weight(layer, in_scale) for layer in layers]).detach()
             bias = None
             if any(layer.bias is not None for layer in layers):
                 bias = torch.cat([
@@ -115,34 +159,40 @@ def _packed(owner: nn.Module, layers: tuple[nn.Linear, ...]) -> tuple[torch.Tens
     return cached[1], cached[2]
 
 
-def fused_linear(owner: nn.Module, x: torch.Tensor, *layers: nn.Linear) -> torch.Tensor:
-    """The outputs of several linear layers over one input, concatenated on the last dim.
+def fused_linear(
+    owner: nn.Module, x: torch.Tensor, *layers: nn.Linear, in_scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The outputs of several linear layers over ``x * in_scale`` (in_scale: [in] or None),
+    concatenated on the last dim.
 
     On the CPU at inference the weights are packed once for oneDNN (about twice torch's default
-    fp32 matmul speed here) and run as one product; otherwise plain ``F.linear`` per layer
-    (training, other devices). ``owner`` holds the packed copy.
+    fp32 matmul speed here), with ``in_scale`` folded in, and run as one product; otherwise
+    plain ``F.linear`` per layer (training, other devices). ``owner`` holds the packed copy.
     """
     if not _onednn_ok(x, layers[0].weight):
-        outs = [F.linear(x, layer.weight, layer.bias) for layer in layers]
+        outs = [F.linear(x, _weight(layer, in_scale), layer.bias) for layer in layers]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
-    weight, bias = _packed(owner, layers)
+    weight, bias = _packed(owner, layers, in_scale)
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 def linear(
     x: torch.Tensor, layer: nn.Linear, *, silu: bool = False,
     mul: torch.Tensor | None = None, add: torch.Tensor | None = None,
+    in_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``layer(x)``, optionally followed by SiLU, ``* mul`` or ``+ add`` in the same pass.
+    """``layer(x * in_scale)``, optionally followed by SiLU, ``* mul`` or ``+ add`` in the same
+    pass.
 
-    x: [N, in] -> [N, out]. The epilogue is fused into the oneDNN product at CPU inference.
+    x: [N, in] -> [N, out]; in_scale: [in] or None, folded into the weight. The epilogue is
+    fused into the oneDNN product at CPU inference.
     """
     if not _onednn_ok(x, layer.weight):
-        y = F.linear(x, layer.weight, layer.bias)
+        y = F.linear(x, _weight(layer, in_scale), layer.bias)
         y = F.silu(y) if silu else y
         y = y * mul if mul is not None else y
         return y + add if add is not None else y
-    weight, bias = _packed(layer, (layer,))
+    weight, bias = _packed(layer, (layer,), in_scale)
     if mul is not None and not silu and add is None:
         return torch.ops.mkldnn._linear_pointwise.binary(x, mul, weight, bias, "mul")
     if add is not None and not silu and mul is None:

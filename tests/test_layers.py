@@ -1,0 +1,76 @@
+"""Decoder building blocks: norms, the fused head-norm + rotary, linear layers with a folded
+input scale, in inference (in-place, oneDNN) and autograd modes alike."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from genrec.model.layers import Rotary, SwiGLU, fused_linear, inv_rms, linear, norm_rotary, rms_norm
+
+
+def _rotate_half_reference(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    # HF's formulation: x * cos + rotate_half(x) * sin
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    freqs = positions.double()[:, None] * inv[None]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos()[:, None].float(), emb.sin()[:, None].float()
+    rot = torch.cat((-x[..., d // 2 :], x[..., : d // 2]), dim=-1)
+    return x * cos + rot * sin
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_norm_rotary_equals_norm_then_rotary(grad: bool) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(7, 3, 16) * 3
+    weight = torch.rand(16) + 0.5
+    positions = torch.tensor([0, 1, 2, 5, 9, 100, 300])
+    rope = Rotary(16, 10000.0).cos_sin(positions, torch.float32)
+    ref = _rotate_half_reference(rms_norm(x, weight, 1e-6), positions, 10000.0)
+    if grad:
+        x.requires_grad_(True)
+        weight.requires_grad_(True)
+    with torch.set_grad_enabled(grad):
+        out = norm_rotary(x, weight, inv_rms(x, 1e-6), *rope)
+    assert (out - ref).abs().max().item() < 1e-5
+    plain = norm_rotary(x.detach(), None, None, *rope)
+    assert (plain - _rotate_half_reference(x.detach(), positions, 10000.0)).abs().max() < 1e-5
+    if grad:
+        out.square().sum().backward()
+        assert x.grad is not None and weight.grad is not None
+
+
+def test_inv_rms_takes_a_per_row_epsilon() -> None:
+    x = torch.randn(5, 2, 8)
+    eps = torch.rand(5, 1, 1)
+    ref = 1 / torch.sqrt(x.square().mean(-1, keepdim=True) + eps)
+    assert torch.allclose(inv_rms(x, eps), ref, atol=1e-6)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_in_scale_is_folded_into_the_weights(grad: bool) -> None:
+    torch.manual_seed(1)
+    a, b = nn.Linear(12, 5), nn.Linear(12, 3, bias=False)
+    owner = nn.Module()
+    x, scale = torch.randn(9, 12), torch.rand(12) + 0.5
+    ref = torch.cat([a(x * scale), b(x * scale)], dim=-1)
+    with torch.set_grad_enabled(grad):
+        got = fused_linear(owner, x, a, b, in_scale=scale)
+        assert (got - ref).abs().max().item() < 1e-5
+        assert (linear(x, a, in_scale=scale) - a(x * scale)).abs().max().item() < 1e-5
+    with torch.no_grad():  # the packed copy follows an in-place change of the scale
+        scale.mul_(2)
+        again = fused_linear(owner, x, a, b, in_scale=scale)
+        assert (again - torch.cat([a(x * scale), b(x * scale)], -1)).abs().max().item() < 1e-5
+
+
+def test_swiglu_in_scale_matches_scaled_input() -> None:
+    torch.manual_seed(2)
+    mlp = SwiGLU(8, 16, bias=False)
+    x, scale, res = torch.randn(4, 8), torch.rand(8) + 0.5, torch.randn(4, 8)
+    with torch.no_grad():
+        ref = mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x * scale))
+                            * mlp.up_proj(x * scale)) + res
+        assert (mlp(x, residual=res, in_scale=scale) - ref).abs().max().item() < 1e-5
