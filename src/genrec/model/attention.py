@@ -183,48 +183,60 @@ def prefix_branch_attention(
     """Attention of the packed queries ``q`` [T, H, D] under ``layout``; returns [T, H, D]."""
     n_req, n_br = layout.num_requests, layout.num_branches
     single = layout.single_request
+    n_prefix, n_branch = layout.prefix_tokens.numel(), layout.branch_tokens.numel()
     pk, pv = prefix_k.transpose(1, 2), prefix_v.transpose(1, 2)  # [R, Hkv, P, D]
-    parts: list[torch.Tensor] = []
+    # both parts: written into one output (for one request, prefix rows then branch rows)
+    out = q.new_empty(q.shape) if n_prefix and n_branch else None
 
-    if layout.prefix_tokens.numel():
+    if n_prefix:
         qp = _take(q, layout.prefix_tokens, 0 if single else None)
         mask = layout.additive_mask("prefix_mask", q.dtype)
         o_p, _ = _attend_grid(qp, layout.prefix_rows, n_req, layout.prefix_width, single,
                               pk, pv, mask, layout.prefix_causal, scale, need_lse=False)
-        parts.append(o_p)
+        if out is None:
+            return o_p
+        if single:
+            out[:n_prefix] = o_p
+        else:
+            out[layout.prefix_tokens] = o_p
 
-    if layout.branch_tokens.numel():
-        qb = _take(q, layout.branch_tokens, layout.prefix_tokens.numel() if single else None)
-        # Part B: each branch against its own keys.
-        mask = layout.additive_mask("branch_mask", q.dtype)
-        o_b, lse_b = _attend_grid(
-            qb, layout.branch_rows, n_br, layout.branch_width, layout.uniform_branches,
-            branch_k.transpose(1, 2), branch_v.transpose(1, 2), mask, layout.branch_causal, scale,
-        )
-        if layout.prefix_cap:
-            # Part A: all branch queries of a request against its prefix, in one product.
-            mask = layout.additive_mask("shared_mask", q.dtype)
-            o_a, lse_a = _attend_grid(qb, layout.shared_rows, n_req, layout.shared_width, single,
-                                      pk, pv, mask, False, scale)
-            if layout.shared_empty is not None:
-                lse_a = lse_a.masked_fill(layout.shared_empty[:, None], _NEG_INF)
-            o_b = merge_attention(o_a, lse_a, o_b, lse_b)
-        parts.append(o_b)
-
-    if single or len(parts) < 2:
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
-    out = q.new_empty(q.shape)
-    out[layout.prefix_tokens] = parts[0]
-    out[layout.branch_tokens] = parts[1]
+    qb = _take(q, layout.branch_tokens, n_prefix if single else None)
+    # Part B: each branch against its own keys.
+    mask = layout.additive_mask("branch_mask", q.dtype)
+    o_b, lse_b = _attend_grid(
+        qb, layout.branch_rows, n_br, layout.branch_width, layout.uniform_branches,
+        branch_k.transpose(1, 2), branch_v.transpose(1, 2), mask, layout.branch_causal, scale,
+    )
+    # (autograd cannot record writes into ``out``: training merges out of place)
+    in_place = out is not None and single and not (
+        torch.is_grad_enabled() and (o_b.requires_grad or q.requires_grad))
+    if layout.prefix_cap:
+        # Part A: all branch queries of a request against its prefix, in one product.
+        mask = layout.additive_mask("shared_mask", q.dtype)
+        o_a, lse_a = _attend_grid(qb, layout.shared_rows, n_req, layout.shared_width, single,
+                                  pk, pv, mask, False, scale)
+        if layout.shared_empty is not None:
+            lse_a = lse_a.masked_fill(layout.shared_empty[:, None], _NEG_INF)
+        o_b = merge_attention(o_a, lse_a, o_b, lse_b, out=out[n_prefix:] if in_place else None)
+    if out is None:
+        return o_b
+    if single and not in_place:
+        out = torch.cat((out[:n_prefix], o_b))
+    elif not single:
+        out[layout.branch_tokens] = o_b
     return out
 
 
 def merge_attention(
-    o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor
+    o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Exact merge of two attention results over disjoint key sets ([N, H, D], lse [N, H]).
+    """Exact merge of two attention results over disjoint key sets ([N, H, D], lse [N, H]),
+    written into ``out`` when given.
 
     The weight of part B is e^lse_b / (e^lse_a + e^lse_b) = sigmoid(lse_b - lse_a).
     """
-    weight_b = torch.sigmoid(lse_b - lse_a).unsqueeze(-1)
-    return torch.lerp(o_a, o_b, weight_b.to(o_a.dtype))
+    weight_b = torch.sigmoid(lse_b - lse_a).unsqueeze(-1).to(o_a.dtype)
+    if out is None:
+        return torch.lerp(o_a, o_b, weight_b)
+    return torch.lerp(o_a, o_b, weight_b, out=out)

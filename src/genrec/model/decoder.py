@@ -218,13 +218,15 @@ class DecoderLM(nn.Module):
         return (hidden @ self.lm_head.weight[label_ids].T).float()
 
     def token_logprobs(
-        self, hidden: torch.Tensor, targets: torch.Tensor, chunk: int = 2048
+        self, hidden: torch.Tensor, targets: torch.Tensor, chunk: int | None = None
     ) -> torch.Tensor:
-        """log p(targets[i] | hidden[i]) over the full vocabulary, in chunks: [N] fp32."""
+        """log p(targets[i] | hidden[i]) over the full vocabulary, in chunks of rows: [N] fp32.
+
+        By default a chunk's logits hold about 4M values (128 rows of a 32k vocabulary): they
+        stay in the CPU caches for the log-sum-exp that reads them again."""
+        chunk = chunk or max(16, (4 << 20) // self.config.vocab_size)
         out = []
         for start in range(0, hidden.shape[0], chunk):
-            logits = self.logits(hidden[start : start + chunk])
-            tgt = targets[start : start + chunk, None]
-            lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-            out.append((logits.gather(1, tgt) - lse)[:, 0])
+            logp = F.log_softmax(self.logits(hidden[start : start + chunk]), dim=-1)
+            out.append(logp.gather(1, targets[start : start + chunk, None])[:, 0])
         return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
