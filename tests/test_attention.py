@@ -43,12 +43,16 @@ def _allowed(prefixes, branches):
 @pytest.mark.parametrize("math_path", [False, True])
 @pytest.mark.parametrize(
     ("prefixes", "branches"),
-    [([7], [[3, 1, 4]]), ([5, 0, 9], [[2], [3, 3], [1, 1, 5]]), ([4, 6], [[1], [2, 2]])],
+    [([7], [[3, 1, 4]]), ([5, 0, 9], [[2], [3, 3], [1, 1, 5]]), ([4, 6], [[1], [2, 2]]),
+     # dense: equal prefixes and equal branch tokens per request (grids are the packed rows)
+     ([5, 5, 5], [[2, 2], [1, 3], [4]]), ([3, 3], [[2, 2], [2, 2]])],
 )
 def test_matches_dense_mask(prefixes, branches, math_path: bool) -> None:
     torch.manual_seed(0)
     req = [r for r, bs in enumerate(branches) for _ in bs]
     lay = build_layout(prefixes, req, [n for bs in branches for n in bs])
+    dense = len(set(prefixes)) == 1 and len({sum(bs) for bs in branches}) == 1
+    assert lay.prefix_dense == lay.shared_dense == dense or len(prefixes) == 1
     t = lay.num_tokens
     q, k, v = torch.randn(t, H, D), torch.randn(t, HKV, D), torch.randn(t, HKV, D)
     q.requires_grad_(math_path)  # gradients route attention through the portable math path

@@ -191,8 +191,9 @@ def prefix_branch_attention(
     if n_prefix:
         qp = _take(q, layout.prefix_tokens, 0 if single else None)
         mask = layout.additive_mask("prefix_mask", q.dtype)
-        o_p, _ = _attend_grid(qp, layout.prefix_rows, n_req, layout.prefix_width, single,
-                              pk, pv, mask, layout.prefix_causal, scale, need_lse=False)
+        o_p, _ = _attend_grid(qp, layout.prefix_rows, n_req, layout.prefix_width,
+                              layout.prefix_dense, pk, pv, mask, layout.prefix_causal, scale,
+                              need_lse=False)
         if out is None:
             return o_p
         if single:
@@ -213,8 +214,8 @@ def prefix_branch_attention(
     if layout.prefix_cap:
         # Part A: all branch queries of a request against its prefix, in one product.
         mask = layout.additive_mask("shared_mask", q.dtype)
-        o_a, lse_a = _attend_grid(qb, layout.shared_rows, n_req, layout.shared_width, single,
-                                  pk, pv, mask, False, scale)
+        o_a, lse_a = _attend_grid(qb, layout.shared_rows, n_req, layout.shared_width,
+                                  layout.shared_dense, pk, pv, mask, False, scale)
         if layout.shared_empty is not None:
             lse_a = lse_a.masked_fill(layout.shared_empty[:, None], _NEG_INF)
         o_b = merge_attention(o_a, lse_a, o_b, lse_b, out=out[n_prefix:] if in_place else None)

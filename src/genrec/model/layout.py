@@ -63,6 +63,8 @@ class AttentionLayout:
     shared_empty: torch.Tensor | None  # bool [Tb]: branch token whose request has no prefix
     positions: torch.Tensor  # [T] default positions: a branch continues from its prefix end
     single_request: bool  # one request: prefix tokens are [0, Tp), branch tokens [Tp, T)
+    prefix_dense: bool  # every request has prefix_width new prefix tokens: prefix_rows is arange
+    shared_dense: bool  # every request has shared_width new branch tokens: shared_rows is arange
     uniform_branches: bool  # every branch has branch_width new tokens: branch_rows is arange
     _float_masks: dict = field(default_factory=dict, repr=False)
 
@@ -175,6 +177,7 @@ def build_layout(
         branch_causal=branch_causal, branch_mask=branch_mask,
         shared_rows=shared_rows, shared_width=shared_width, shared_mask=shared_mask,
         shared_empty=shared_empty, positions=positions, single_request=n_req == 1,
+        prefix_dense=p_width * n_req == tp, shared_dense=shared_width * n_req == tb,
         uniform_branches=bool(n_br == 0 or int(b_new.min()) == b_width),
     )
 
