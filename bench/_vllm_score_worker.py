@@ -79,6 +79,7 @@ def main(job_path: str) -> None:
             "seconds": seconds,
             "scores": _scores(outputs[:k], mode, labels, [len(c) for c in chosen[:k]]),
             "cached_tokens": sum(o.num_cached_tokens or 0 for o in outputs),
+            "cached_per_prompt": [o.num_cached_tokens or 0 for o in outputs],
             "prompt_tokens": sum(len(o.prompt_token_ids) for o in outputs),
         })
 

