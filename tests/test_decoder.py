@@ -85,10 +85,56 @@ def test_gradients_flow_through_branches(qwen3_dir) -> None:
     assert model.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
 
 
-def test_readout_returns_the_same_rows_as_a_full_forward(qwen3_dir) -> None:
+@pytest.fixture(scope="module")
+def qwen3_bias_dir(tmp_path_factory: pytest.TempPathFactory):
+    # attention biases: the input norm's row scale no longer cancels in q and k
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(3)
+    model = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, attention_bias=True,
+        max_position_embeddings=2048))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.5)
+    path = tmp_path_factory.mktemp("qwen3_bias")
+    model.eval().save_pretrained(path)
+    return path
+
+
+def test_biased_attention_matches_transformers(qwen3_bias_dir) -> None:
+    hf, ours = _hf(qwen3_bias_dir), load_model(qwen3_bias_dir)
+    assert not ours.model.layers[0].self_attn.scale_free
+    tokens = torch.randint(0, 128, (23,))
+    layout = build_layout([23], [], [])
+    with torch.no_grad():
+        logits = ours.logits(ours(ours.model.embed_tokens(tokens), layout.positions, layout))
+        assert (logits - hf(tokens[None]).logits[0]).abs().max().item() < 1e-4
+
+
+def test_training_path_gives_the_inference_logits(qwen3_dir) -> None:
+    # autograd runs the out-of-place norm / rotary steps and plain F.linear
+    model = load_model(qwen3_dir)
+    tokens = torch.randint(0, 128, (19,))
+    layout = build_layout([12], [0, 0], [4, 3])
+    with torch.no_grad():
+        ref = model(model.model.embed_tokens(tokens), layout.positions, layout)
+    out = model(model.model.embed_tokens(tokens), layout.positions, layout)
+    assert out.requires_grad
+    assert (out - ref).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("arch", ["qwen3_dir", "llama_dir", "qwen3_bias_dir"])
+def test_readout_returns_the_same_rows_as_a_full_forward(
+    arch: str, request: pytest.FixtureRequest
+) -> None:
     from genrec.model.layout import branch_last_readout
 
-    model = load_model(qwen3_dir)
+    model = load_model(request.getfixturevalue(arch))
     lens = [3, 1, 5, 2]
     layout = build_layout([7, 4], [0, 0, 1, 1], lens)
     tokens = torch.randint(0, 128, (layout.num_tokens,))
@@ -102,14 +148,15 @@ def test_readout_returns_the_same_rows_as_a_full_forward(qwen3_dir) -> None:
     assert (part - full[last]).abs().max() < 1e-5
 
 
-def test_prefix_readout_returns_each_prompts_last_row(qwen3_dir) -> None:
+# q of the read rows alone (few rows read) or q of every row (many)
+@pytest.mark.parametrize("lens", [[7, 1, 4], [2, 1, 2]])
+def test_prefix_readout_returns_each_prompts_last_row(qwen3_dir, lens: list[int]) -> None:
     from genrec.model.layout import Readout, prefix_last_layout
 
     model = load_model(qwen3_dir)
-    lens = [7, 1, 4]
     layout = build_layout(lens, [], [], prefix_cap=9)
     tokens = torch.randint(0, 128, (layout.num_tokens,))
-    last = torch.tensor([6, 7, 11])
+    last = torch.cumsum(torch.tensor(lens), 0) - 1
     readout = Readout(last, prefix_last_layout(lens, prefix_cap=layout.prefix_cap))
     with torch.no_grad():
         embeds = model.model.embed_tokens(tokens)

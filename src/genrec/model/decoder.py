@@ -15,6 +15,7 @@ from genrec.model.layers import (
     fused_linear,
     inv_rms,
     linear,
+    mean_square,
     norm_rotary,
     scale_rows,
 )
@@ -52,42 +53,62 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """x: [T, hidden] (before ``norm``) -> residual + attention output [T, hidden], or only
         the ``readout`` rows [K, hidden] (keys and values are written for all T rows)."""
-        n, heads, n_qk = x.shape[0], self.heads, self.heads + self.kv_heads
+        n, heads, kvh, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
         # norm(x) = x * r * w with r = 1/rms(x) per row: w is folded into the projection
         # weights; r is applied to x, or, when scale_free, to v alone: a head norm of
         # q = r q' equals that of q' under the per-row epsilon eps / r^2.
-        ms = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
-        ms = ms.square() / x.shape[-1]  # [T, 1]
-        r = (ms + norm.eps).rsqrt()
+        ms_eps = mean_square(x, norm.eps)  # [T, 1]
+        r = ms_eps.rsqrt()
         x_in = x if self.scale_free else scale_rows(x, r)
-        qkv = fused_linear(self, x_in, self.q_proj, self.k_proj, self.v_proj,
-                           in_scale=norm.weight)
-        qkv = qkv.view(n, n_qk + self.kv_heads, self.head_dim)
-        v = qkv[:, n_qk:]
+        rows = None if readout is None else readout.rows
+        # q for the read rows alone pays off when they are few (it costs a second product)
+        split = rows is not None and 4 * rows.numel() <= n
+        if not split:
+            qkv = fused_linear(self, x_in, self.q_proj, self.k_proj, self.v_proj,
+                               in_scale=norm.weight).view(n, heads + 2 * kvh, d)
+            qk, v = qkv[:, : heads + kvh], qkv[:, heads + kvh :]
+            q, k = qk[:, :heads], qk[:, heads:]
+        else:  # a read-out layer: q for the read rows only, k and v for every row
+            kv = fused_linear(self, x_in, self.k_proj, self.v_proj,
+                              in_scale=norm.weight).view(n, 2 * kvh, d)
+            qk, k, v = None, kv[:, :kvh], kv[:, kvh:]
+            q = fused_linear(self, x_in[rows], self.q_proj,
+                             in_scale=norm.weight).view(-1, heads, d)
         if self.scale_free:
             v = scale_rows(v, r[:, :, None])
-        q, k = qkv[:, :heads], qkv[:, heads:n_qk]
-        if self.qk_norm:
-            eps = self.q_norm.eps * (ms + norm.eps)[:, :, None] if self.scale_free \
-                else self.q_norm.eps
-            head_r = inv_rms(qkv[:, :n_qk], eps)  # [T, heads + kv_heads, 1]
-            if n <= _FEW_ROWS:  # one call: fewer ops, a [T, heads + kv_heads, D] factor
-                qk = norm_rotary(qkv[:, :n_qk], self._qk_weight(), head_r, *rope)
-                q, k = qk[:, :heads], qk[:, heads:]
-            else:  # per head group: [T, 1, D] factors only
-                q = norm_rotary(q, self.q_norm.weight, head_r[:, :heads], *rope)
-                k = norm_rotary(k, self.k_norm.weight, head_r[:, heads:], *rope)
-        else:
-            qk = norm_rotary(qkv[:, :n_qk], None, None, *rope)
-            q, k = qk[:, :heads], qk[:, heads:]
+        q, k = self._norm_rotary(q, k, qk, ms_eps, rope, rows if split else None)
+        if rows is not None and not split:
+            q = q[rows]
         pk, pv, bk, bv = cache.write(layer, k, v, layout)
         if readout is not None:
-            q, layout = q[readout.rows], readout.layout
-            residual = None if residual is None else residual[readout.rows]
-            n = q.shape[0]
+            layout = readout.layout
+            residual = None if residual is None else residual[rows]
         out = prefix_branch_attention(q, pk, pv, bk, bv, layout, self.scale)
-        return linear(out.reshape(n, self.heads * self.head_dim), self.o_proj, add=residual)
+        return linear(out.reshape(q.shape[0], heads * d), self.o_proj, add=residual)
 
+    def _norm_rotary(
+        self, q: torch.Tensor, k: torch.Tensor, qk: torch.Tensor | None, ms_eps: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor], rows: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head norms (Qwen3) and rotary of q [Tq, H, D] (the forward's rows ``rows``, or all
+        of them) and k [T, Hkv, D]; ``qk``: q and k as one [T, H + Hkv, D] view, or None."""
+        heads = self.heads
+        q_rope = rope if rows is None else (rope[0][rows], rope[1][rows])
+        if not self.qk_norm:
+            return norm_rotary(q, None, None, *q_rope), norm_rotary(k, None, None, *rope)
+        eps = self.q_norm.eps * ms_eps[:, :, None] if self.scale_free else self.q_norm.eps
+        if qk is not None and qk.shape[0] <= _FEW_ROWS:
+            # one call over q and k heads: fewer ops, a [T, H + Hkv, D] weight factor
+            out = norm_rotary(qk, self._qk_weight(), inv_rms(qk, eps), *rope)
+            return out[:, :heads], out[:, heads:]
+        if qk is not None:  # one reduction over q and k heads, then [T, 1, D] factors
+            head_r = inv_rms(qk, eps)
+            q_r, k_r = head_r[:, :heads], head_r[:, heads:]
+        else:
+            q_eps = eps[rows] if isinstance(eps, torch.Tensor) else eps
+            q_r, k_r = inv_rms(q, q_eps), inv_rms(k, eps)
+        return (norm_rotary(q, self.q_norm.weight, q_r, *q_rope),
+                norm_rotary(k, self.k_norm.weight, k_r, *rope))
 
     def _qk_weight(self) -> torch.Tensor:
         # [heads + kv_heads, D]: q_norm's weight per query head, k_norm's per key head; kept

@@ -12,14 +12,20 @@ def _in_place(*xs: torch.Tensor) -> bool:
     return not (torch.is_grad_enabled() and any(x.requires_grad for x in xs))
 
 
-def inv_rms(x: torch.Tensor, eps: float | torch.Tensor) -> torch.Tensor:
-    """1 / sqrt(mean(x^2 over the last dim) + eps) in fp32: [..., 1]. ``eps`` may be a tensor
+def mean_square(x: torch.Tensor, eps: float | torch.Tensor = 0.0) -> torch.Tensor:
+    """mean(x^2 over the last dim) + eps in fp32: [..., 1]. ``eps`` may be a tensor
     broadcasting against [..., 1] (a per-row epsilon)."""
     # one fused reduction pass over x (torch's pow + mean would take two)
     ms = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
     if _in_place(x) and not (isinstance(eps, torch.Tensor) and eps.requires_grad):
-        return ms.square_().mul_(1.0 / x.shape[-1]).add_(eps).rsqrt_()
-    return (ms.square() / x.shape[-1] + eps).rsqrt()
+        return ms.square_().mul_(1.0 / x.shape[-1]).add_(eps)
+    return ms.square() / x.shape[-1] + eps
+
+
+def inv_rms(x: torch.Tensor, eps: float | torch.Tensor) -> torch.Tensor:
+    """1 / sqrt(mean(x^2 over the last dim) + eps) in fp32: [..., 1] (see :func:`mean_square`)."""
+    ms = mean_square(x, eps)
+    return ms.rsqrt_() if _in_place(ms) else ms.rsqrt()
 
 
 def scale_rows(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -144,7 +150,11 @@ def _packed(
     params = [p for layer in layers for p in (layer.weight, layer.bias) if p is not None]
     key = tuple((p.data_ptr(), p._version, p.dtype) for p in params + [in_scale]
                 if p is not None)
-    cached = owner.__dict__.get("_genrec_packed")
+    # one packed copy per combination of layers the owner runs (e.g. q, k, v fused, or k, v
+    # and q apart in a read-out layer)
+    store = owner.__dict__.setdefault("_genrec_packed", {})
+    combo = tuple(id(layer) for layer in layers)
+    cached = store.get(combo)
     if cached is None or cached[0] != key:
         with torch.no_grad():
             weight = torch.cat([_weight(layer, in_scale) for layer in layers]).detach()
@@ -155,7 +165,7 @@ def _packed(
                     for layer in layers
                 ]).detach()
             cached = (key, torch.ops.mkldnn._reorder_linear_weight(weight, None), bias)
-        owner.__dict__["_genrec_packed"] = cached
+        store[combo] = cached
     return cached[1], cached[2]
 
 
