@@ -128,6 +128,16 @@ def test_training_path_gives_the_inference_logits(qwen3_dir) -> None:
     assert (out - ref).abs().max().item() < 1e-5
 
 
+def _assert_readout_rows(model, tokens, layout, readout, last) -> None:  # noqa: ANN001
+    # a read-out forward returns exactly the full forward's rows ``last``
+    with torch.no_grad():
+        embeds = model.model.embed_tokens(tokens)
+        full = model(embeds, layout.positions, layout)
+        part = model(embeds, layout.positions, layout, readout=readout)
+    assert part.shape == (len(last), full.shape[1])
+    assert (part - full[last]).abs().max() < 1e-5
+
+
 @pytest.mark.parametrize("arch", ["qwen3_dir", "llama_dir", "qwen3_bias_dir"])
 def test_readout_returns_the_same_rows_as_a_full_forward(
     arch: str, request: pytest.FixtureRequest
@@ -140,12 +150,7 @@ def test_readout_returns_the_same_rows_as_a_full_forward(
     tokens = torch.randint(0, 128, (layout.num_tokens,))
     last = torch.tensor([7 + 2, 7 + 3, 7 + 4 + 4 + 5 - 1, 7 + 4 + 4 + 5 + 1])
     readout = branch_last_readout([7, 4], [0, 0, 1, 1], lens, last, branch_cap=5)
-    with torch.no_grad():
-        embeds = model.model.embed_tokens(tokens)
-        full = model(embeds, layout.positions, layout)
-        part = model(embeds, layout.positions, layout, readout=readout)
-    assert part.shape == (4, 64)
-    assert (part - full[last]).abs().max() < 1e-5
+    _assert_readout_rows(model, tokens, layout, readout, last)
 
 
 # q of the read rows alone (few rows read) or q of every row (many)
@@ -158,12 +163,7 @@ def test_prefix_readout_returns_each_prompts_last_row(qwen3_dir, lens: list[int]
     tokens = torch.randint(0, 128, (layout.num_tokens,))
     last = torch.cumsum(torch.tensor(lens), 0) - 1
     readout = Readout(last, prefix_last_layout(lens, prefix_cap=layout.prefix_cap))
-    with torch.no_grad():
-        embeds = model.model.embed_tokens(tokens)
-        full = model(embeds, layout.positions, layout)
-        part = model(embeds, layout.positions, layout, readout=readout)
-    assert part.shape == (3, 64)
-    assert (part - full[last]).abs().max() < 1e-5
+    _assert_readout_rows(model, tokens, layout, readout, last)
     with pytest.raises(ValueError, match="non-empty"):
         prefix_last_layout([3, 0], prefix_cap=9)
 

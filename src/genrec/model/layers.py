@@ -50,8 +50,8 @@ def norm_rotary(
     embedding (rotate-half convention), in three passes over x.
 
     x: [T, heads, head_dim]; weight: [head_dim], [heads, head_dim] or None; scale:
-    [T, heads, 1] or None;
-    cos, signed_sin: [T, 1, head_dim] (signed: -sin on the first half, see ``Rotary``).
+    [T, heads, 1] or None; cos, signed_sin: [T, 1, head_dim] (signed: -sin on the first
+    half, see ``Rotary``).
     The weight is folded into the [T, 1, head_dim] factors:
     out_lo = x_lo * w_lo cos - x_hi * w_hi sin, out_hi = x_hi * w_hi cos + x_lo * w_lo sin.
     """
