@@ -299,6 +299,7 @@ def run_dtype(args: argparse.Namespace, work: Path, ckpt: Path, dtype: str,
 
     from genrec import Engine, ScoreParams
 
+    shape = cm.resolve_shape(args.shape, args.vocab)
     hf = Qwen3ForCausalLM.from_pretrained(ckpt, dtype=getattr(torch, dtype)).eval()
     engine = Engine.from_pretrained(ckpt, dtype=dtype)
     vllm = None
@@ -340,8 +341,7 @@ def run_dtype(args: argparse.Namespace, work: Path, ckpt: Path, dtype: str,
             for m in methods:
                 work_gflop = 0.0
                 if m == "vllm" and vllm.cached_per_prompt.get((mode, n)):
-                    work_gflop = vllm_flops(cm.resolve_shape(args.shape, args.vocab),
-                                            len(prefix) + len(cands[0]),
+                    work_gflop = vllm_flops(shape, len(prefix) + len(cands[0]),
                                             vllm.cached_per_prompt[(mode, n)], mode) / 1e9
                 out.append(replace(record(m, dtype, mode, n, times[m], len(chosen[m]),
                                           scores[m], args.check), local_peak=local,

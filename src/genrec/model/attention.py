@@ -208,9 +208,8 @@ def prefix_branch_attention(
         qb, layout.branch_rows, n_br, layout.branch_width, layout.uniform_branches,
         branch_k.transpose(1, 2), branch_v.transpose(1, 2), mask, layout.branch_causal, scale,
     )
-    # (autograd cannot record writes into ``out``: training merges out of place)
-    in_place = out is not None and single and not (
-        torch.is_grad_enabled() and (o_b.requires_grad or q.requires_grad))
+    # one request: the merge writes into ``out`` (not under autograd: lerp's out= has none)
+    in_place = out is not None and single and not torch.is_grad_enabled()
     if layout.prefix_cap:
         # Part A: all branch queries of a request against its prefix, in one product.
         mask = layout.additive_mask("shared_mask", q.dtype)
@@ -222,7 +221,7 @@ def prefix_branch_attention(
     if out is None:
         return o_b
     if single and not in_place:
-        out = torch.cat((out[:n_prefix], o_b))
+        out[n_prefix:] = o_b
     elif not single:
         out[layout.branch_tokens] = o_b
     return out

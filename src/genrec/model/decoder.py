@@ -12,6 +12,7 @@ from genrec.model.layers import (
     RMSNorm,
     Rotary,
     SwiGLU,
+    derived,
     fused_linear,
     inv_rms,
     linear,
@@ -111,18 +112,12 @@ class Attention(nn.Module):
                 norm_rotary(k, self.k_norm.weight, k_r, *rope))
 
     def _qk_weight(self) -> torch.Tensor:
-        # [heads + kv_heads, D]: q_norm's weight per query head, k_norm's per key head; kept
-        # between forwards without autograd (rebuilt when a weight changes)
-        parts = (self.q_norm.weight, self.k_norm.weight)
-        key = tuple((w.data_ptr(), w._version) for w in parts)
-        cached = self.__dict__.get("_genrec_qk_weight")
-        if not torch.is_grad_enabled() and cached is not None and cached[0] == key:
-            return cached[1]
-        weight = torch.cat([self.q_norm.weight.expand(self.heads, -1),
-                            self.k_norm.weight.expand(self.kv_heads, -1)])
-        if not torch.is_grad_enabled():
-            self.__dict__["_genrec_qk_weight"] = (key, weight)
-        return weight
+        # [heads + kv_heads, D]: q_norm's weight per query head, k_norm's per key head
+        def build() -> tuple[torch.Tensor]:
+            return (torch.cat([self.q_norm.weight.expand(self.heads, -1),
+                               self.k_norm.weight.expand(self.kv_heads, -1)]),)
+
+        return derived(self, "qk_weight", [self.q_norm.weight, self.k_norm.weight], build)[0]
 
 
 class DecoderLayer(nn.Module):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -12,7 +14,7 @@ def _in_place(*xs: torch.Tensor) -> bool:
     return not (torch.is_grad_enabled() and any(x.requires_grad for x in xs))
 
 
-def mean_square(x: torch.Tensor, eps: float | torch.Tensor = 0.0) -> torch.Tensor:
+def mean_square(x: torch.Tensor, eps: float | torch.Tensor) -> torch.Tensor:
     """mean(x^2 over the last dim) + eps in fp32: [..., 1]. ``eps`` may be a tensor
     broadcasting against [..., 1] (a per-row epsilon)."""
     # one fused reduction pass over x (torch's pow + mean would take two)
@@ -60,7 +62,7 @@ def norm_rotary(
     if weight is not None:
         cw, sw = cos * weight, signed_sin * weight.roll(half, dims=-1)
     lo, hi = x[..., :half], x[..., half:]
-    if not _in_place(x, cw, sw) or (scale is not None and not _in_place(scale)):
+    if not _in_place(*(t for t in (x, cw, sw, scale) if t is not None)):
         out = torch.cat((lo * cw[..., :half] + hi * sw[..., :half],
                          hi * cw[..., half:] + lo * sw[..., half:]), dim=-1)
         return out if scale is None else (out * scale).to(x.dtype)
@@ -141,21 +143,29 @@ def _weight(layer: nn.Linear, in_scale: torch.Tensor | None) -> torch.Tensor:
     return layer.weight if in_scale is None else layer.weight * in_scale
 
 
+def derived(
+    owner: nn.Module, slot: object, params: list[torch.Tensor],
+    build: Callable[[], tuple[torch.Tensor, ...]],
+) -> tuple[torch.Tensor, ...]:
+    """``build()``, kept in ``owner`` under ``slot`` for inference and rebuilt whenever one of
+    ``params`` changes (in-place updates bump ``_version``, moves change ``data_ptr``). Under
+    autograd with a parameter that requires grad it is built afresh (the graph of this call)."""
+    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+        return build()
+    key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
+    store = owner.__dict__.setdefault("_genrec_derived", {})
+    cached = store.get(slot)
+    if cached is None or cached[0] != key:
+        cached = store[slot] = (key, build())
+    return cached[1]
+
+
 def _packed(
     owner: nn.Module, layers: tuple[nn.Linear, ...], in_scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, ...]:
-    # oneDNN-blocked copy of the concatenated weights (and biases), with ``in_scale`` folded
-    # in, rebuilt whenever a weight changes: in-place updates bump ``_version``, moves change
-    # ``data_ptr``.
-    params = [p for layer in layers for p in (layer.weight, layer.bias) if p is not None]
-    key = tuple((p.data_ptr(), p._version, p.dtype) for p in params + [in_scale]
-                if p is not None)
-    # one packed copy per combination of layers the owner runs (e.g. q, k, v fused, or k, v
-    # and q apart in a read-out layer)
-    store = owner.__dict__.setdefault("_genrec_packed", {})
-    combo = tuple(id(layer) for layer in layers)
-    cached = store.get(combo)
-    if cached is None or cached[0] != key:
+    # oneDNN-blocked copy of the concatenated weights (and biases) with ``in_scale`` folded
+    # in; one per combination of layers the owner runs (q, k, v fused, or k, v and q apart)
+    def build() -> tuple[torch.Tensor, ...]:
         with torch.no_grad():
             weight = torch.cat([_weight(layer, in_scale) for layer in layers]).detach()
             bias = None
@@ -164,9 +174,11 @@ def _packed(
                     layer.bias if layer.bias is not None else weight.new_zeros(layer.out_features)
                     for layer in layers
                 ]).detach()
-            cached = (key, torch.ops.mkldnn._reorder_linear_weight(weight, None), bias)
-        store[combo] = cached
-    return cached[1], cached[2]
+            return torch.ops.mkldnn._reorder_linear_weight(weight, None), bias
+
+    params = [p for layer in layers for p in (layer.weight, layer.bias, in_scale)
+              if p is not None]
+    return derived(owner, ("packed", *(id(layer) for layer in layers)), params, build)
 
 
 def fused_linear(
