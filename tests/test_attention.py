@@ -40,14 +40,17 @@ def _allowed(prefixes, branches):
     return allowed
 
 
+@pytest.mark.parametrize("transient", [False, True])
 @pytest.mark.parametrize("math_path", [False, True])
 @pytest.mark.parametrize(
     ("prefixes", "branches"),
     [([7], [[3, 1, 4]]), ([5, 0, 9], [[2], [3, 3], [1, 1, 5]]), ([4, 6], [[1], [2, 2]]),
      # dense: equal prefixes and equal branch tokens per request (grids are the packed rows)
-     ([5, 5, 5], [[2, 2], [1, 3], [4]]), ([3, 3], [[2, 2], [2, 2]])],
+     ([5, 5, 5], [[2, 2], [1, 3], [4]]), ([3, 3], [[2, 2], [2, 2]]),
+     # one request, equal branches: a transient cache keeps the rows without zero-filling
+     ([6], [[3, 3, 3]]), ([0], [[2, 2]])],
 )
-def test_matches_dense_mask(prefixes, branches, math_path: bool) -> None:
+def test_matches_dense_mask(prefixes, branches, math_path: bool, transient: bool) -> None:
     torch.manual_seed(0)
     req = [r for r, bs in enumerate(branches) for _ in bs]
     lay = build_layout(prefixes, req, [n for bs in branches for n in bs])
@@ -55,12 +58,42 @@ def test_matches_dense_mask(prefixes, branches, math_path: bool) -> None:
     assert lay.prefix_dense == lay.shared_dense == dense or len(prefixes) == 1
     t = lay.num_tokens
     q, k, v = torch.randn(t, H, D), torch.randn(t, HKV, D), torch.randn(t, HKV, D)
-    q.requires_grad_(math_path)  # gradients route attention through the portable math path
+    for x in (q, k, v):  # gradients route attention through the portable math path
+        x.requires_grad_(math_path)
     cache = KVCache(1, lay.num_requests, lay.prefix_cap, lay.num_branches, lay.branch_cap,
-                    HKV, D, torch.float32, "cpu")
+                    HKV, D, torch.float32, "cpu", transient=transient)
     out = prefix_branch_attention(q, *cache.write(0, k, v, lay), lay, D**-0.5)
-    ref = _dense_reference(q.detach(), k, v, _allowed(prefixes, branches))
+    allowed = _allowed(prefixes, branches)
+    ref = _dense_reference(q.detach(), k.detach(), v.detach(), allowed)
     assert (out - ref).abs().max().item() < 1e-5
+    if math_path:  # the gradients reach q, k and v through the cache as in the reference
+        weight = torch.randn_like(ref)
+        (out * weight).sum().backward()
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        (_dense_reference(*leaves, allowed) * weight).sum().backward()
+        for x, leaf in zip((q, k, v), leaves, strict=True):
+            assert (x.grad - leaf.grad).abs().max().item() < 1e-5
+
+
+def test_transient_cache_keeps_rows_and_serves_later_chunks() -> None:
+    torch.manual_seed(3)
+    p, nb, n = 5, 2, 3
+    q, k, v = torch.randn(p + nb * n, H, D), torch.randn(p + nb * n, HKV, D), torch.randn(
+        p + nb * n, HKV, D)
+    lay = build_layout([p], [0] * nb, [n] * nb)
+    cache = KVCache(1, 1, p, nb, n, HKV, D, torch.float32, "cpu", transient=True)
+    pk, pv, bk, bv = cache.write(0, k, v, lay)
+    assert torch.equal(pk[0], k[:p]) and torch.equal(bv.reshape(-1, HKV, D), v[p:])
+    ref = prefix_branch_attention(q, pk, pv, bk, bv, lay, D**-0.5)
+    # a later chunk of one more branch against the cached prefix (fresh branch storage)
+    part = cache.requests(0, 1)
+    part.reset_branches(1, n)
+    later = build_layout([0], [0], [n], prefix_cached=[p], prefix_cap=p)
+    rows = slice(p, p + n)
+    out = prefix_branch_attention(q[rows], *part.write(0, k[rows], v[rows], later), later,
+                                  D**-0.5)
+    assert (out - ref[rows]).abs().max().item() < 1e-5
+    assert part.branch_k[0].shape == (1, n, HKV, D)
 
 
 def test_incremental_decode_and_reorder_match_one_shot() -> None:

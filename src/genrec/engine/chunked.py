@@ -86,7 +86,7 @@ def forward_chunked(
             rows = torch.empty(layout.num_tokens, dtype=torch.long)
             rows[layout.prefix_tokens] = full.prefix_tokens
             rows[layout.branch_tokens] = branch_rows
-            cache = model.new_cache(layout)
+            cache = model.new_cache(layout, transient=True)
             chunk_cache = cache
             local = layout.branch_tokens
         else:

@@ -35,10 +35,13 @@ def _attend_math(
             rows = torch.arange(start, start + qc.shape[2], device=q.device)[:, None]
             cols = torch.arange(k.shape[2], device=q.device)[None, :]
             s = s.masked_fill(cols > rows, _NEG_INF)
-        lse = torch.logsumexp(s, dim=-1)
-        p = torch.exp(s - lse.unsqueeze(-1).clamp_min(torch.finfo(torch.float32).min))
-        outs.append(torch.matmul(p.nan_to_num(0.0), v).to(q.dtype))
-        lses.append(lse)
+        # a row whose keys are all masked gets p = 0 and a finite, hugely negative lse:
+        # no inf - inf anywhere, so its gradients stay finite (zero) too
+        top = s.detach().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).min)
+        e = torch.exp(s - top)
+        total = e.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+        outs.append(torch.matmul(e / total, v).to(q.dtype))
+        lses.append((top + total.log()).squeeze(-1))
     return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
 
 
@@ -66,25 +69,39 @@ class KVCache:
     """Keys and values of every layer: one prefix per request, one short tail per branch.
 
     Shapes per layer: prefix [R, prefix_cap, Hkv, D], branch [NB, branch_cap, Hkv, D].
-    A transient cache (scoring) is filled out of place so training can backpropagate through it;
-    a persistent one (beam search) is updated in place and its branch part reordered cheaply.
+    A persistent cache (beam search) is zero-filled up front and updated in place; its branch
+    part is reordered cheaply. A ``transient`` one (scoring: dropped after the forward) gets a
+    layer's storage when it is first written: a write that fills a part entirely keeps the new
+    rows themselves (the branch keys as a view of k, no copy and no zero fill); other writes
+    go out of place under autograd so training can backpropagate through the cache.
     """
 
     def __init__(
         self, num_layers: int, num_requests: int, prefix_cap: int, num_branches: int,
         branch_cap: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-        device: torch.device | str,
+        device: torch.device | str, transient: bool = False,
     ) -> None:
-        def zeros(n: int, cap: int) -> list[torch.Tensor]:
-            return [
-                torch.zeros(n, cap, kv_heads, head_dim, dtype=dtype, device=device)
-                for _ in range(num_layers)
-            ]
+        self.transient = transient
+        self._row, self._dtype, self._device = (kv_heads, head_dim), dtype, device
+        self._prefix_dims, self._branch_dims = (num_requests, prefix_cap), (num_branches,
+                                                                           branch_cap)
+        self.prefix_k = self._storage(num_layers, self._prefix_dims)
+        self.prefix_v = self._storage(num_layers, self._prefix_dims)
+        self.branch_k = self._storage(num_layers, self._branch_dims)
+        self.branch_v = self._storage(num_layers, self._branch_dims)
 
-        self.prefix_k = zeros(num_requests, prefix_cap)
-        self.prefix_v = zeros(num_requests, prefix_cap)
-        self.branch_k = zeros(num_branches, branch_cap)
-        self.branch_v = zeros(num_branches, branch_cap)
+    def _storage(self, num_layers: int, dims: tuple[int, int]) -> list[torch.Tensor | None]:
+        if self.transient:
+            return [None] * num_layers
+        return [self._zeros(dims) for _ in range(num_layers)]
+
+    def _zeros(self, dims: tuple[int, int]) -> torch.Tensor:
+        return torch.zeros(dims + self._row, dtype=self._dtype, device=self._device)
+
+    def _layer(self, store: list[torch.Tensor | None], layer: int, prefix: bool) -> torch.Tensor:
+        if store[layer] is None:
+            store[layer] = self._zeros(self._prefix_dims if prefix else self._branch_dims)
+        return store[layer]
 
     def write(
         self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout
@@ -92,39 +109,62 @@ class KVCache:
         """Store the new keys/values of ``layer`` (k, v: [T, Hkv, D]); return the layer's cache."""
         n_prefix = layout.prefix_tokens.numel()
         single = layout.single_request  # rows are [0, Tp) then [Tp, T): slices, no gather
-        if n_prefix:
-            for store, src in ((self.prefix_k, k), (self.prefix_v, v)):
-                rows = _take(src, layout.prefix_tokens, 0 if single else None)
-                store[layer] = _write(store[layer], layout.prefix_slots, rows)
-        if layout.branch_tokens.numel():
-            for store, src in ((self.branch_k, k), (self.branch_v, v)):
-                rows = _take(src, layout.branch_tokens, n_prefix if single else None)
-                store[layer] = _write(store[layer], layout.branch_slots, rows)
+        # every slot of a part written at once: its slots are 0, 1, ... in packed order
+        fills = {
+            True: layout.prefix_dense and layout.prefix_causal
+            and layout.prefix_width == layout.prefix_cap,
+            False: layout.uniform_branches and layout.branch_causal
+            and layout.branch_width == layout.branch_cap,
+        }
+        parts = (
+            (True, layout.prefix_tokens, layout.prefix_slots, 0, (self.prefix_k, self.prefix_v)),
+            (False, layout.branch_tokens, layout.branch_slots, n_prefix,
+             (self.branch_k, self.branch_v)),
+        )
+        for prefix, tokens, slots, first, stores in parts:
+            if not tokens.numel():
+                continue
+            dims = self._prefix_dims if prefix else self._branch_dims
+            for store, src in zip(stores, (k, v), strict=True):
+                rows = _take(src, tokens, first if single else None)
+                if self.transient and fills[prefix] and rows.shape[0] == dims[0] * dims[1]:
+                    # compact rows (k is a view of the fused projection's output): the
+                    # kernels read them faster, and a kept prefix holds no more than itself
+                    store[layer] = rows.to(self._dtype).contiguous().view(dims + self._row)
+                else:
+                    store[layer] = _write(self._layer(store, layer, prefix), slots, rows)
         return (
-            self.prefix_k[layer], self.prefix_v[layer], self.branch_k[layer], self.branch_v[layer]
+            self._layer(self.prefix_k, layer, True), self._layer(self.prefix_v, layer, True),
+            self._layer(self.branch_k, layer, False), self._layer(self.branch_v, layer, False),
         )
 
     def reset_branches(self, num_branches: int, branch_cap: int) -> None:
         """Fresh (zeroed) branch storage; the cached prefixes stay."""
+        self._branch_dims = (num_branches, branch_cap)
         for store in (self.branch_k, self.branch_v):
-            for layer, t in enumerate(store):
-                store[layer] = t.new_zeros((num_branches, branch_cap) + tuple(t.shape[2:]))
+            store[:] = self._storage(len(store), self._branch_dims)
 
     def requests(self, start: int, end: int) -> KVCache:
         """A cache over requests ``start..end-1`` only: their prefixes are views of this
         cache's (shared, not copied); the branch part is empty (see :meth:`reset_branches`)."""
         view = KVCache.__new__(KVCache)
-        view.prefix_k = [t[start:end] for t in self.prefix_k]
-        view.prefix_v = [t[start:end] for t in self.prefix_v]
-        view.branch_k = [t[:0] for t in self.branch_k]
-        view.branch_v = [t[:0] for t in self.branch_v]
+        view.__dict__.update(self.__dict__)
+        view._prefix_dims = (end - start, self._prefix_dims[1])
+        view._branch_dims = (0, self._branch_dims[1])
+        view.prefix_k = [self._layer(self.prefix_k, i, True)[start:end]
+                         for i in range(len(self.prefix_k))]
+        view.prefix_v = [self._layer(self.prefix_v, i, True)[start:end]
+                         for i in range(len(self.prefix_v))]
+        view.branch_k = view._storage(len(self.branch_k), view._branch_dims)
+        view.branch_v = view._storage(len(self.branch_v), view._branch_dims)
         return view
 
     def reorder_branches(self, order: torch.Tensor) -> None:
         """Branch b takes the cached tail of branch ``order[b]`` (beam reordering)."""
         for store in (self.branch_k, self.branch_v):
-            for layer, t in enumerate(store):
-                store[layer] = t.index_select(0, order)
+            for layer in range(len(store)):
+                store[layer] = self._layer(store, layer, False).index_select(0, order)
+        self._branch_dims = (order.numel(), self._branch_dims[1])
 
 
 def _write(cache: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
@@ -181,10 +221,14 @@ def prefix_branch_attention(
     layout: AttentionLayout, scale: float,
 ) -> torch.Tensor:
     """Attention of the packed queries ``q`` [T, H, D] under ``layout``; returns [T, H, D]."""
-    n_req, n_br = layout.num_requests, layout.num_branches
+    n_req = layout.num_requests
     single = layout.single_request
     n_prefix, n_branch = layout.prefix_tokens.numel(), layout.branch_tokens.numel()
     pk, pv = prefix_k.transpose(1, 2), prefix_v.transpose(1, 2)  # [R, Hkv, P, D]
+    if single and n_prefix and n_branch and layout.prefix_causal and (
+        layout.prefix_cap == n_prefix
+    ):
+        return _fresh_prefix_attention(q, pk, pv, branch_k, branch_v, layout, scale)
     # both parts: written into one output (for one request, prefix rows then branch rows)
     out = q.new_empty(q.shape) if n_prefix and n_branch else None
 
@@ -202,12 +246,7 @@ def prefix_branch_attention(
             out[layout.prefix_tokens] = o_p
 
     qb = _take(q, layout.branch_tokens, n_prefix if single else None)
-    # Part B: each branch against its own keys.
-    mask = layout.additive_mask("branch_mask", q.dtype)
-    o_b, lse_b = _attend_grid(
-        qb, layout.branch_rows, n_br, layout.branch_width, layout.uniform_branches,
-        branch_k.transpose(1, 2), branch_v.transpose(1, 2), mask, layout.branch_causal, scale,
-    )
+    o_b, lse_b = _own_branch_attention(qb, branch_k, branch_v, layout, scale)
     # one request: the merge writes into ``out`` (not under autograd: lerp's out= has none)
     in_place = out is not None and single and not torch.is_grad_enabled()
     if layout.prefix_cap:
@@ -224,6 +263,39 @@ def prefix_branch_attention(
         out[n_prefix:] = o_b
     elif not single:
         out[layout.branch_tokens] = o_b
+    return out
+
+
+def _own_branch_attention(
+    qb: torch.Tensor, branch_k: torch.Tensor, branch_v: torch.Tensor, layout: AttentionLayout,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # Part B: each branch's queries [Tb, H, D] against its own keys -> output, log-sum-exp
+    mask = layout.additive_mask("branch_mask", qb.dtype)
+    o_b, lse_b = _attend_grid(
+        qb, layout.branch_rows, layout.num_branches, layout.branch_width,
+        layout.uniform_branches, branch_k.transpose(1, 2), branch_v.transpose(1, 2), mask,
+        layout.branch_causal, scale,
+    )
+    return o_b, lse_b
+
+
+def _fresh_prefix_attention(
+    q: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor, branch_k: torch.Tensor,
+    branch_v: torch.Tensor, layout: AttentionLayout, scale: float,
+) -> torch.Tensor:
+    """One request whose whole prefix is computed in this forward (rows [0, Tp)): its prefix
+    rows and its branch rows query the prefix keys in one call. Causal masking is aligned
+    top-left (query i sees keys <= i), so it masks the prefix rows' later keys and nothing
+    for the branch rows, which come after every prefix key."""
+    n_prefix = layout.prefix_tokens.numel()
+    o, lse = attend(q.transpose(0, 1)[None], pk, pv, None, True, scale)
+    out = o[0].transpose(0, 1)  # [T, H, D]
+    o_a, lse_a = out[n_prefix:], lse[0].transpose(0, 1)[n_prefix:]
+    o_b, lse_b = _own_branch_attention(q[n_prefix:], branch_k, branch_v, layout, scale)
+    if torch.is_grad_enabled():  # lerp's out= has no autograd
+        return torch.cat((out[:n_prefix], merge_attention(o_a, lse_a, o_b, lse_b)))
+    merge_attention(o_a, lse_a, o_b, lse_b, out=o_a)
     return out
 
 

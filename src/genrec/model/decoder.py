@@ -190,15 +190,16 @@ class DecoderLM(nn.Module):
 
     def new_cache(
         self, layout: AttentionLayout, num_branches: int | None = None,
-        branch_cap: int | None = None,
+        branch_cap: int | None = None, transient: bool = False,
     ) -> KVCache:
-        """A cache sized for ``layout``, or for more branches (beam search) when given."""
+        """A cache sized for ``layout``, or for more branches (beam search) when given;
+        ``transient``: dropped after the forward(s) of one batch (see :class:`KVCache`)."""
         cfg = self.config
         return KVCache(
             cfg.num_hidden_layers, layout.num_requests, layout.prefix_cap,
             layout.num_branches if num_branches is None else num_branches,
             layout.branch_cap if branch_cap is None else branch_cap,
-            cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device,
+            cfg.num_key_value_heads, cfg.head_dim, self.dtype, self.device, transient,
         )
 
     def forward(
@@ -216,7 +217,7 @@ class DecoderLM(nn.Module):
                 f"layout {layout.num_tokens}"
             )
         if cache is None:
-            cache = self.new_cache(layout)
+            cache = self.new_cache(layout, transient=True)
         rope = self.rotary.cos_sin(positions, embeds.dtype)
         p = self.dropout if self.training and readout is None else 0.0
         x = F.dropout(embeds, p, training=True) if p else embeds
