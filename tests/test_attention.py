@@ -5,10 +5,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genrec.model import build_layout
+from genrec.kernels import cascade_attention_op
+from genrec.model import attention, build_layout
 from genrec.model.attention import KVCache, _attend_math, attend, prefix_branch_attention
 
 H, HKV, D = 4, 2, 8
+
+
+@pytest.fixture(params=["native", "torch"])
+def attention_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test through the native CPU kernel and through the PyTorch path."""
+    if request.param == "torch":
+        monkeypatch.setattr(attention, "cascade_attention_op", lambda: None)
+    elif cascade_attention_op() is None:
+        pytest.skip("the native CPU kernel is not built here (no C++ compiler or MKL)")
+    return request.param
 
 
 def _dense_reference(q, k, v, allowed):
@@ -48,9 +59,13 @@ def _allowed(prefixes, branches):
      # dense: equal prefixes and equal branch tokens per request (grids are the packed rows)
      ([5, 5, 5], [[2, 2], [1, 3], [4]]), ([3, 3], [[2, 2], [2, 2]]),
      # one request, equal branches: a transient cache keeps the rows without zero-filling
-     ([6], [[3, 3, 3]]), ([0], [[2, 2]])],
+     ([6], [[3, 3, 3]]), ([0], [[2, 2]]),
+     # runs longer than the native kernel's tile of 64 query rows
+     ([150], [[70, 3]])],
 )
-def test_matches_dense_mask(prefixes, branches, math_path: bool, transient: bool) -> None:
+def test_matches_dense_mask(
+    prefixes, branches, math_path: bool, transient: bool, attention_path: str
+) -> None:
     torch.manual_seed(0)
     req = [r for r, bs in enumerate(branches) for _ in bs]
     lay = build_layout(prefixes, req, [n for bs in branches for n in bs])
@@ -75,7 +90,7 @@ def test_matches_dense_mask(prefixes, branches, math_path: bool, transient: bool
             assert (x.grad - leaf.grad).abs().max().item() < 1e-5
 
 
-def test_transient_cache_keeps_rows_and_serves_later_chunks() -> None:
+def test_transient_cache_keeps_rows_and_serves_later_chunks(attention_path: str) -> None:
     torch.manual_seed(3)
     p, nb, n = 5, 2, 3
     q, k, v = torch.randn(p + nb * n, H, D), torch.randn(p + nb * n, HKV, D), torch.randn(
@@ -96,7 +111,7 @@ def test_transient_cache_keeps_rows_and_serves_later_chunks() -> None:
     assert part.branch_k[0].shape == (1, n, HKV, D)
 
 
-def test_incremental_decode_and_reorder_match_one_shot() -> None:
+def test_incremental_decode_and_reorder_match_one_shot(attention_path: str) -> None:
     torch.manual_seed(1)
     p, nb, steps = 6, 3, 3
     q_all = torch.randn(p + nb * steps, H, D)
@@ -124,7 +139,7 @@ def test_incremental_decode_and_reorder_match_one_shot() -> None:
         cache.reorder_branches(flip)
 
 
-def test_chunked_prefix_mask() -> None:
+def test_chunked_prefix_mask(attention_path: str) -> None:
     torch.manual_seed(2)
     q, k, v = torch.randn(10, H, D), torch.randn(10, HKV, D), torch.randn(10, HKV, D)
     full = build_layout([10], [], [])

@@ -11,9 +11,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from genrec.kernels import cascade_attention_op
 from genrec.model.layout import AttentionLayout
 
 _NEG_INF = float("-inf")
+# Native kernel: query rows per run, and the most keys a run may see (its score buffer is
+# rows x keys floats per thread).
+_RUN_ROWS = 64
+_RUN_MAX_KEYS = 16384
 
 
 def _attend_math(
@@ -220,7 +225,14 @@ def prefix_branch_attention(
     branch_k: torch.Tensor, branch_v: torch.Tensor,
     layout: AttentionLayout, scale: float,
 ) -> torch.Tensor:
-    """Attention of the packed queries ``q`` [T, H, D] under ``layout``; returns [T, H, D]."""
+    """Attention of the packed queries ``q`` [T, H, D] under ``layout``; returns [T, H, D].
+
+    CPU fp32 inference runs the native cascade kernel (:mod:`genrec.kernels`) where it is
+    built: one pass per run of query rows over its prefix and its own keys. Elsewhere the
+    prefix part and the branch part run as separate attention calls merged by log-sum-exp."""
+    out = _native_attention(q, prefix_k, prefix_v, branch_k, branch_v, layout, scale)
+    if out is not None:
+        return out
     n_req = layout.num_requests
     single = layout.single_request
     n_prefix, n_branch = layout.prefix_tokens.numel(), layout.branch_tokens.numel()
@@ -264,6 +276,29 @@ def prefix_branch_attention(
     elif not single:
         out[layout.branch_tokens] = o_b
     return out
+
+
+def _native_attention(
+    q: torch.Tensor, prefix_k: torch.Tensor, prefix_v: torch.Tensor, branch_k: torch.Tensor,
+    branch_v: torch.Tensor, layout: AttentionLayout, scale: float,
+) -> torch.Tensor | None:
+    # the native kernel's result, or None where it does not apply (autograd, device, dtype)
+    caches = (prefix_k, prefix_v, branch_k, branch_v)
+    if (q.device.type != "cpu" or q.dtype != torch.float32 or q.stride(-1) != 1
+            or q.stride(1) != q.shape[2] or torch.is_grad_enabled()
+            and (q.requires_grad or any(t.requires_grad for t in caches))):
+        return None
+    if any(t.dtype != torch.float32 or t.stride(-1) != 1 or t.stride(-2) != t.shape[-1]
+           for t in caches):
+        return None
+    op = cascade_attention_op()
+    if op is None:
+        return None
+    runs, most_keys = layout.query_runs(_RUN_ROWS)
+    if most_keys > _RUN_MAX_KEYS:
+        return None
+    flat = [t.flatten(0, 1) for t in caches]  # [rows, Hkv, D]: views of compact caches
+    return op(q, *flat, runs, scale)
 
 
 def _own_branch_attention(

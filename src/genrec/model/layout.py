@@ -66,27 +66,43 @@ class AttentionLayout:
     prefix_dense: bool  # every request has prefix_width new prefix tokens: prefix_rows is arange
     shared_dense: bool  # every request has shared_width new branch tokens: shared_rows is arange
     uniform_branches: bool  # every branch has branch_width new tokens: branch_rows is arange
-    _float_masks: dict = field(default_factory=dict, repr=False)
+    prefix_new: torch.Tensor  # [R] new prefix tokens of each request
+    prefix_first: torch.Tensor  # [R] packed index of each request's first new token
+    branch_new: torch.Tensor  # [NB] new tokens of each branch
+    branch_first: torch.Tensor  # [NB] packed index of each branch's first new token
+    _derived: dict = field(default_factory=dict, repr=False)
 
     def to(self, device: torch.device | str) -> AttentionLayout:
         """A copy with every tensor on ``device`` (one transfer per forward, none per layer)."""
         moved = {
             name: value.to(device) if isinstance(value, torch.Tensor) else value
             for name, value in self.__dict__.items()
-            if name != "_float_masks"
+            if name != "_derived"
         }
         return AttentionLayout(**moved)
+
+    def query_runs(self, tile: int) -> tuple[torch.Tensor, int]:
+        """Runs of at most ``tile`` consecutive packed query rows with the keys they see, as
+        int64 rows (q_start, q_len, shared_start, shared_len, own_source, own_start,
+        own_before), and the most keys a run sees. Query i of a run (row q_start + i) sees
+        prefix-cache rows [shared_start, +shared_len) and rows [own_start, +own_before + i + 1)
+        of the prefix cache (own_source 1) or the branch cache (0), both flattened over their
+        first two dims. Built once (on the CPU)."""
+        key = ("runs", tile)
+        if key not in self._derived:
+            self._derived[key] = _query_runs(self, tile)
+        return self._derived[key]
 
     def additive_mask(self, name: str, dtype: torch.dtype) -> torch.Tensor | None:
         """The bool mask ``name`` as an additive mask (0 / -inf) of ``dtype``, built once."""
         key = (name, dtype)
-        if key not in self._float_masks:
+        if key not in self._derived:
             mask = getattr(self, name)
             if mask is not None:
                 zeros = torch.zeros((), dtype=dtype, device=mask.device)
                 mask = zeros.masked_fill(~mask, float("-inf")).expand(mask.shape).contiguous()
-            self._float_masks[key] = mask
-        return self._float_masks[key]
+            self._derived[key] = mask
+        return self._derived[key]
 
 
 def build_layout(
@@ -179,7 +195,31 @@ def build_layout(
         shared_empty=shared_empty, positions=positions, single_request=n_req == 1,
         prefix_dense=p_width * n_req == tp, shared_dense=shared_width * n_req == tb,
         uniform_branches=bool(n_br == 0 or int(b_new.min()) == b_width),
+        prefix_new=p_new, prefix_first=req_start,
+        branch_new=b_new, branch_first=req_start[b_req] + p_new[b_req] + first_in_req,
     )
+
+
+def _query_runs(layout: AttentionLayout, tile: int) -> tuple[torch.Tensor, int]:
+    # see AttentionLayout.query_runs; branches first (they see the most keys)
+    lay = layout.to("cpu")
+    reqs, brs = torch.arange(lay.num_requests), torch.arange(lay.num_branches)
+    b_req = lay.branch_request
+    first = torch.cat((lay.branch_first, lay.prefix_first))
+    count = torch.cat((lay.branch_new, lay.prefix_new))
+    shared_start = torch.cat((b_req, reqs)) * lay.prefix_cap
+    shared_len = torch.cat((lay.prefix_len[b_req], torch.zeros_like(reqs)))
+    own_source = torch.cat((torch.zeros_like(brs), torch.ones_like(reqs)))
+    own_start = torch.cat((brs * lay.branch_cap, reqs * lay.prefix_cap))
+    before = torch.cat((lay.branch_len - lay.branch_new, lay.prefix_len - lay.prefix_new))
+    tiles = (count + tile - 1) // tile  # a run with no rows gets no tile
+    run = torch.repeat_interleave(torch.arange(count.numel()), tiles)
+    offset = (torch.arange(run.numel()) - _exclusive_cumsum(tiles)[run]) * tile
+    q_len = torch.minimum(count[run] - offset, torch.tensor(tile))
+    runs = torch.stack((first[run] + offset, q_len, shared_start[run], shared_len[run],
+                        own_source[run], own_start[run], before[run] + offset), dim=1)
+    keys = runs[:, 3] + runs[:, 6] + runs[:, 1]
+    return runs.contiguous(), int(keys.max()) if keys.numel() else 0
 
 
 @dataclass

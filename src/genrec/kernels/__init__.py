@@ -1,0 +1,78 @@
+"""Optional native CPU kernels, compiled on first use with the machine's C++ compiler.
+
+:func:`cascade_attention_op` returns the compiled cascade attention op (see
+``cascade_attention.cpp``) or None, in which case callers use their portable PyTorch path.
+The shared library is built once per source, torch version and CPU, under
+``$GENREC_KERNEL_CACHE`` (default ``~/.cache/genrec/kernels``), written to a temporary file
+and renamed into place (concurrent processes may build it at the same time).
+``GENREC_CPU_KERNELS=0`` disables the kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("cascade_attention.cpp")
+_state: dict[str, Callable[..., torch.Tensor] | None] = {}
+
+
+def _flags() -> list[str]:
+    cap = torch.backends.cpu.get_cpu_capability()  # e.g. AVX512, AVX2, DEFAULT
+    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
+             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
+    if cap != "DEFAULT":
+        flags += [f"-DCPU_CAPABILITY={cap}", f"-DCPU_CAPABILITY_{cap}"]
+    return flags
+
+
+def _build(compiler: str) -> Path:
+    from torch.utils.cpp_extension import include_paths, library_paths
+
+    flags = _flags()
+    source = _SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(flags + [torch.__version__, compiler]).encode())
+    cache = Path(os.environ.get("GENREC_KERNEL_CACHE",
+                                Path.home() / ".cache" / "genrec" / "kernels"))
+    target = cache / f"cascade_attention-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        built = Path(tmp) / target.name
+        cmd = [compiler, *flags, *(f"-I{p}" for p in include_paths()), str(_SOURCE),
+               "-o", str(built), *(f"-L{p}" for p in library_paths()), "-ltorch_cpu", "-lc10"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr[-2000:])
+        os.replace(built, target)
+    return target
+
+
+def cascade_attention_op() -> Callable[..., torch.Tensor] | None:
+    """The native op ``(q, shared_k, shared_v, branch_k, branch_v, tasks, scale) -> out``,
+    built and loaded on the first call; None where it is disabled or cannot be built."""
+    if "cascade" in _state:
+        return _state["cascade"]
+    op = None
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if (os.environ.get("GENREC_CPU_KERNELS", "1") != "0" and sys.platform.startswith("linux")
+            and compiler and torch.backends.mkl.is_available()):
+        try:
+            torch.ops.load_library(str(_build(compiler)))
+            op = torch.ops.genrec_cpu.cascade_attention
+        except Exception as exc:  # no usable compiler or BLAS: the PyTorch path serves
+            log.warning("genrec CPU kernels unavailable, using the PyTorch path: %s", exc)
+    _state["cascade"] = op
+    return op

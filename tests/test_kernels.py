@@ -1,0 +1,84 @@
+"""The native CPU cascade kernel: built on first use, equal to dense attention, optional."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import genrec.kernels as kernels
+from genrec.model import build_layout
+from genrec.model.attention import KVCache, prefix_branch_attention
+
+
+def _op():
+    op = kernels.cascade_attention_op()
+    if op is None:
+        pytest.skip("the native CPU kernel is not built here (no C++ compiler or MKL)")
+    return op
+
+
+def _reference(q, keys, values, visible, scale):
+    # q [T, H, D]; keys/values [T, K, Hkv, D] per query; visible [T, K] bool
+    group = q.shape[1] // keys.shape[2]
+    k = keys.repeat_interleave(group, 2)
+    v = values.repeat_interleave(group, 2)
+    s = torch.einsum("thd,tkhd->thk", q, k) * scale
+    s = s.masked_fill(~visible[:, None, :], float("-inf"))
+    return torch.einsum("thk,tkhd->thd", torch.softmax(s, -1), v)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(8, 2, 64), (3, 3, 16), (4, 1, 8)])
+def test_runs_match_dense_attention(heads: int, kv_heads: int, dim: int) -> None:
+    op = _op()
+    torch.manual_seed(0)
+    # two runs over shared rows 0..69 of the "prefix" source: one sees 70 shared keys and its
+    # own rows 5.. of the branch source with 3 earlier own keys; one (150 rows: three tiles
+    # of the engine's size would cut it) sees its own prefix rows causally
+    shared = torch.randn(2, 200, kv_heads, dim)  # keys, values
+    branch = torch.randn(2, 40, kv_heads, dim)
+    q_rows = torch.randn(300, heads + 2, dim)[:, :heads]  # strided rows, dense heads
+    runs = torch.tensor([[10, 20, 0, 70, 0, 5, 3], [100, 150, 0, 0, 1, 20, 7]])
+    out = op(q_rows, shared[0], shared[1], branch[0], branch[1], runs, 0.3)
+    for q0, n, s0, sl, src, o0, before in runs.tolist():
+        own = shared if src else branch
+        keys = torch.cat((shared[:, s0 : s0 + sl], own[:, o0 : o0 + before + n]), dim=1)
+        seen = sl + before + 1 + torch.arange(n)  # keys each query sees
+        visible = torch.arange(keys.shape[1])[None, :] < seen[:, None]
+        ref = _reference(q_rows[q0 : q0 + n], keys[0].expand(n, -1, -1, -1),
+                         keys[1].expand(n, -1, -1, -1), visible, 0.3)
+        assert (out[q0 : q0 + n] - ref).abs().max().item() < 1e-5
+
+
+def test_equal_alone_and_among_others() -> None:
+    # a branch's output does not depend on the other runs of the call (batch invariance)
+    _op()
+    torch.manual_seed(1)
+    lay = build_layout([9], [0] * 5, [4, 6, 3, 6, 2])
+    t = lay.num_tokens
+    q, k, v = torch.randn(t, 4, 8), torch.randn(t, 2, 8), torch.randn(t, 2, 8)
+    cache = KVCache(1, 1, lay.prefix_cap, 5, lay.branch_cap, 2, 8, torch.float32, "cpu")
+    full = prefix_branch_attention(q, *cache.write(0, k, v, lay), lay, 0.35)
+    rows = list(range(9)) + list(range(9 + 4 + 6, 9 + 4 + 6 + 3))  # prefix + third branch
+    alone = build_layout([9], [0], [3])
+    cache = KVCache(1, 1, 9, 1, 3, 2, 8, torch.float32, "cpu")
+    out = prefix_branch_attention(q[rows], *cache.write(0, k[rows], v[rows], alone), alone, 0.35)
+    assert (out - full[rows]).abs().max().item() < 1e-6
+
+
+def test_disabled_or_unbuildable_falls_back(monkeypatch: pytest.MonkeyPatch, tmp_path,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(kernels, "_state", {})
+    monkeypatch.setenv("GENREC_CPU_KERNELS", "0")
+    assert kernels.cascade_attention_op() is None
+    monkeypatch.setattr(kernels, "_state", {})
+    monkeypatch.setenv("GENREC_CPU_KERNELS", "1")
+    monkeypatch.setenv("GENREC_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # a compiler that always fails
+    if not torch.backends.mkl.is_available():
+        pytest.skip("no MKL: the kernel is never built")
+    with caplog.at_level(logging.WARNING, logger="genrec.kernels"):
+        assert kernels.cascade_attention_op() is None
+    assert "PyTorch path" in caplog.text
+    assert not list(tmp_path.glob("*.so"))
