@@ -9,7 +9,8 @@ import torch
 
 import genrec.kernels as kernels
 from genrec.model import build_layout
-from genrec.model.attention import KVCache, prefix_branch_attention
+from genrec.model.attention import KVCache, QueryTransform, prefix_branch_attention
+from genrec.model.layers import Rotary
 
 
 def _op():
@@ -82,3 +83,23 @@ def test_disabled_or_unbuildable_falls_back(monkeypatch: pytest.MonkeyPatch, tmp
         assert kernels.cascade_attention_op() is None
     assert "PyTorch path" in caplog.text
     assert not list(tmp_path.glob("*.so"))
+
+
+@pytest.mark.parametrize("norm", ["none", "eps", "row_eps"])
+def test_query_norm_and_rotary_in_the_kernel(norm: str) -> None:
+    # raw queries + QueryTransform in the kernel == transformed queries through it
+    op = _op()
+    torch.manual_seed(2)
+    t, heads, kv_heads, dim = 70, 4, 2, 64
+    q = torch.randn(t, heads + 4, dim)[:, :heads] * 3.0
+    keys, values = torch.randn(t, kv_heads, dim), torch.randn(t, kv_heads, dim)
+    cos, ssin = Rotary(dim, 10000.0).cos_sin(torch.arange(100, 100 + t), torch.float32)
+    weight = torch.rand(dim) + 0.5 if norm != "none" else None
+    eps = torch.rand(t) * 0.5 if norm == "row_eps" else 1e-6
+    tr = QueryTransform(cos, ssin, weight, eps)
+    runs = torch.tensor([[0, 40, 0, 0, 1, 0, 0], [40, 30, 0, 40, 1, 40, 0]])
+    plain = op(tr.apply(q).contiguous(), keys, values, keys, values, runs, 0.125)
+    fused = op(q, keys, values, keys, values, runs, 0.125, cos=cos[:, 0], sin=ssin[:, 0],
+               weight=weight, row_eps=eps if norm == "row_eps" else None,
+               eps=eps if norm == "eps" else 0.0)
+    assert (fused - plain).abs().max().item() < 1e-5

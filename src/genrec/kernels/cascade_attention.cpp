@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 extern "C" void sgemm_(const char*, const char*, const int*, const int*, const int*,
@@ -44,9 +45,18 @@ enum : int64_t { kQStart, kQLen, kSharedStart, kSharedLen, kOwnSource, kOwnStart
 // (0: branch_k/v, 1: shared_k/v), own_start, own_before. Query t of a task (row q_start + t)
 // sees shared rows [shared_start, +shared_len) and own rows [own_start, +own_before + t + 1).
 // Returns out [Tq, H, D]; rows no task covers are left uninitialised.
+//
+// With ``cos`` and ``sin`` (both [Tq, D]: cos, and sin negated on the first half), q is raw:
+// each query head gets x * r * weight (r = 1/sqrt(mean(x^2) + eps), eps per row from
+// ``row_eps`` [Tq] or ``eps``; only with ``weight`` [D]) and then the rotary embedding
+// (rotate-half convention) as it is gathered.
 at::Tensor cascade_attention(const at::Tensor& q, const at::Tensor& shared_k,
                              const at::Tensor& shared_v, const at::Tensor& branch_k,
-                             const at::Tensor& branch_v, const at::Tensor& tasks, double scale) {
+                             const at::Tensor& branch_v, const at::Tensor& tasks, double scale,
+                             const std::optional<at::Tensor>& cos,
+                             const std::optional<at::Tensor>& sin,
+                             const std::optional<at::Tensor>& weight,
+                             const std::optional<at::Tensor>& row_eps, double eps) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && q.dim() == 3, "q: float32 [T, H, D]");
   const int64_t H = q.size(1), D = q.size(2), Hkv = shared_k.size(1), G = H / Hkv;
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == D, "q: heads and dims must be dense");
@@ -72,6 +82,66 @@ at::Tensor cascade_attention(const at::Tensor& q, const at::Tensor& shared_k,
   float* od = out.data_ptr<float>();
   const int64_t sq = q.stride(0);
   const float fscale = static_cast<float>(scale);
+  const bool rope = cos.has_value();
+  TORCH_CHECK(rope == sin.has_value() && (rope || !weight.has_value()),
+              "cos and sin come together; a head-norm weight needs them");
+  TORCH_CHECK(D % 2 == 0 || !rope, "rotary needs an even head dim");
+  const float *cd = nullptr, *sd = nullptr, *wd = nullptr, *ed = nullptr;
+  if (rope) {
+    for (const auto* t : {&*cos, &*sin}) {
+      TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 &&
+                  t->size(0) == q.size(0) && t->size(1) == D, "cos/sin: float32 [Tq, D]");
+    }
+    cd = cos->data_ptr<float>();
+    sd = sin->data_ptr<float>();
+  }
+  if (weight.has_value()) {
+    TORCH_CHECK(weight->scalar_type() == at::kFloat && weight->is_contiguous() &&
+                weight->numel() == D, "weight: float32 [D]");
+    wd = weight->data_ptr<float>();
+  }
+  if (row_eps.has_value()) {
+    TORCH_CHECK(row_eps->scalar_type() == at::kFloat && row_eps->is_contiguous() &&
+                row_eps->numel() == q.size(0), "row_eps: float32 [Tq]");
+    ed = row_eps->data_ptr<float>();
+  }
+  const float feps = static_cast<float>(eps);
+  const int64_t half = D / 2;
+  // one query head of row ``row`` into ``dst``: (head norm, rotary,) times the softmax scale
+  auto load_query = [&](const float* src, int64_t row, float* dst) {
+    if (!rope) {
+      at::vec::map([fscale](Vec x) { return x * Vec(fscale); }, dst, src, D);
+      return;
+    }
+    float r = fscale;
+    if (wd != nullptr) {
+      const float ss = at::vec::map_reduce_all<float>(
+          [](Vec x) { return x * x; }, [](Vec a, Vec b) { return a + b; }, src, D);
+      r = fscale / std::sqrt(ss / D + (ed != nullptr ? ed[row] : feps));
+    }
+    const float* c = cd + row * D;
+    const float* sn = sd + row * D;
+    int64_t j = 0;
+    if (half % Vec::size() == 0) {
+      const Vec vr(r);
+      for (; j < half; j += Vec::size()) {
+        Vec lo = Vec::loadu(src + j), hi = Vec::loadu(src + half + j);
+        if (wd != nullptr) {
+          lo = lo * Vec::loadu(wd + j);
+          hi = hi * Vec::loadu(wd + half + j);
+        }
+        ((lo * Vec::loadu(c + j) + hi * Vec::loadu(sn + j)) * vr).store(dst + j);
+        ((hi * Vec::loadu(c + half + j) + lo * Vec::loadu(sn + half + j)) * vr)
+            .store(dst + half + j);
+      }
+    }
+    for (; j < half; ++j) {
+      const float lo = wd != nullptr ? src[j] * wd[j] : src[j];
+      const float hi = wd != nullptr ? src[j + half] * wd[j + half] : src[j + half];
+      dst[j] = (lo * c[j] + hi * sn[j]) * r;
+      dst[j + half] = (hi * c[j + half] + lo * sn[j + half]) * r;
+    }
+  };
   const int64_t total = n_tasks * Hkv;
   std::atomic<int64_t> next{0};
   // one chunk per thread, tasks handed out dynamically (their costs differ)
@@ -91,9 +161,8 @@ at::Tensor cascade_attention(const at::Tensor& q, const at::Tensor& shared_k,
       // tile row r = h * n + i: query head g * G + h of row q_start + i, pre-scaled
       for (int64_t h = 0; h < G; ++h) {
         for (int64_t i = 0; i < n; ++i) {
-          const float* src = qd + (t[kQStart] + i) * sq + (g * G + h) * D;
-          at::vec::map([fscale](Vec x) { return x * Vec(fscale); }, qt.data() + (h * n + i) * D,
-                       src, D);
+          const int64_t row = t[kQStart] + i;
+          load_query(qd + row * sq + (g * G + h) * D, row, qt.data() + (h * n + i) * D);
         }
       }
       // scores S [m_rows, cols] (row-major, row stride max_n) = tile . keys^T
@@ -145,7 +214,8 @@ at::Tensor cascade_attention(const at::Tensor& q, const at::Tensor& shared_k,
 
 TORCH_LIBRARY(genrec_cpu, m) {
   m.def("cascade_attention(Tensor q, Tensor shared_k, Tensor shared_v, Tensor branch_k, "
-        "Tensor branch_v, Tensor tasks, float scale) -> Tensor");
+        "Tensor branch_v, Tensor tasks, float scale, Tensor? cos=None, Tensor? sin=None, "
+        "Tensor? weight=None, Tensor? row_eps=None, float eps=0.0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(genrec_cpu, CPU, m) { m.impl("cascade_attention", &cascade_attention); }

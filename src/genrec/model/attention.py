@@ -8,10 +8,13 @@ The prefix keys and values are stored once per request and never copied per bran
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from genrec.kernels import cascade_attention_op
+from genrec.model.layers import inv_rms, norm_rotary
 from genrec.model.layout import AttentionLayout
 
 _NEG_INF = float("-inf")
@@ -19,6 +22,35 @@ _NEG_INF = float("-inf")
 # rows x keys floats per thread).
 _RUN_ROWS = 64
 _RUN_MAX_KEYS = 16384
+
+
+@dataclass(frozen=True)
+class QueryTransform:
+    """What raw queries [Tq, H, D] still need before attention: a head norm when ``weight``
+    ([D]) is given, with epsilon ``eps`` (a float, or [Tq] per row), then the rotary
+    embedding (``cos``, ``signed_sin``: [Tq, 1, D], see ``layers.Rotary``). The native kernel
+    applies it as it reads the queries; the PyTorch path applies :meth:`apply` first."""
+
+    cos: torch.Tensor
+    signed_sin: torch.Tensor
+    weight: torch.Tensor | None = None
+    eps: float | torch.Tensor = 0.0
+
+    def apply(self, q: torch.Tensor) -> torch.Tensor:
+        scale = None
+        if self.weight is not None:
+            eps = self.eps[:, None, None] if isinstance(self.eps, torch.Tensor) else self.eps
+            scale = inv_rms(q, eps)
+        return norm_rotary(q, self.weight, scale, self.cos, self.signed_sin)
+
+
+def fuses_queries(q: torch.Tensor) -> bool:
+    """Whether :func:`prefix_branch_attention` runs the native kernel for queries like ``q``
+    (CPU, fp32, no autograd, kernel built), which then takes raw queries and a
+    :class:`QueryTransform` at no extra pass."""
+    return (q.device.type == "cpu" and q.dtype == torch.float32
+            and not (torch.is_grad_enabled() and q.requires_grad)
+            and cascade_attention_op() is not None)
 
 
 def _attend_math(
@@ -223,16 +255,20 @@ def prefix_branch_attention(
     q: torch.Tensor,
     prefix_k: torch.Tensor, prefix_v: torch.Tensor,
     branch_k: torch.Tensor, branch_v: torch.Tensor,
-    layout: AttentionLayout, scale: float,
+    layout: AttentionLayout, scale: float, q_transform: QueryTransform | None = None,
 ) -> torch.Tensor:
     """Attention of the packed queries ``q`` [T, H, D] under ``layout``; returns [T, H, D].
+    With ``q_transform``, ``q`` is raw and the transform is applied first.
 
     CPU fp32 inference runs the native cascade kernel (:mod:`genrec.kernels`) where it is
     built: one pass per run of query rows over its prefix and its own keys. Elsewhere the
     prefix part and the branch part run as separate attention calls merged by log-sum-exp."""
-    out = _native_attention(q, prefix_k, prefix_v, branch_k, branch_v, layout, scale)
+    out = _native_attention(q, prefix_k, prefix_v, branch_k, branch_v, layout, scale,
+                            q_transform)
     if out is not None:
         return out
+    if q_transform is not None:
+        q = q_transform.apply(q)
     n_req = layout.num_requests
     single = layout.single_request
     n_prefix, n_branch = layout.prefix_tokens.numel(), layout.branch_tokens.numel()
@@ -281,9 +317,20 @@ def prefix_branch_attention(
 def _native_attention(
     q: torch.Tensor, prefix_k: torch.Tensor, prefix_v: torch.Tensor, branch_k: torch.Tensor,
     branch_v: torch.Tensor, layout: AttentionLayout, scale: float,
+    q_transform: QueryTransform | None,
 ) -> torch.Tensor | None:
     # the native kernel's result, or None where it does not apply (autograd, device, dtype)
     caches = (prefix_k, prefix_v, branch_k, branch_v)
+    rope: dict[str, torch.Tensor | float | None] = {}
+    if q_transform is not None:
+        tr = q_transform
+        if tr.cos.dtype != torch.float32 or (
+                tr.weight is not None and tr.weight.dtype != torch.float32):
+            return None
+        row_eps = tr.eps.float().reshape(-1) if isinstance(tr.eps, torch.Tensor) else None
+        rope = {"cos": tr.cos.reshape(q.shape[0], -1), "sin": tr.signed_sin.reshape(
+            q.shape[0], -1), "weight": tr.weight, "row_eps": row_eps,
+            "eps": 0.0 if row_eps is not None else float(tr.eps)}
     if (q.device.type != "cpu" or q.dtype != torch.float32 or q.stride(-1) != 1
             or q.stride(1) != q.shape[2] or torch.is_grad_enabled()
             and (q.requires_grad or any(t.requires_grad for t in caches))):
@@ -298,7 +345,7 @@ def _native_attention(
     if most_keys > _RUN_MAX_KEYS:
         return None
     flat = [t.flatten(0, 1) for t in caches]  # [rows, Hkv, D]: views of compact caches
-    return op(q, *flat, runs, scale)
+    return op(q, *flat, runs, scale, **rope)
 
 
 def _own_branch_attention(

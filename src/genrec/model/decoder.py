@@ -6,7 +6,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from genrec.model.attention import KVCache, prefix_branch_attention
+from genrec.model.attention import (
+    KVCache,
+    QueryTransform,
+    fuses_queries,
+    prefix_branch_attention,
+)
 from genrec.model.config import ModelConfig
 from genrec.model.layers import (
     RMSNorm,
@@ -77,15 +82,47 @@ class Attention(nn.Module):
                              in_scale=norm.weight).view(-1, heads, d)
         if self.scale_free:
             v = scale_rows(v, r[:, :, None])
-        q, k = self._norm_rotary(q, k, qk, ms_eps, rope, rows if split else None)
-        if rows is not None and not split:
-            q = q[rows]
+        q_transform = None
+        if fuses_queries(q):  # the kernel norms and rotates q as it reads it
+            if rows is not None and not split:
+                q = q[rows]
+            q_transform = self._query_transform(ms_eps, rope, rows)
+            k = self._rotate_keys(k, ms_eps, rope)
+        else:
+            q, k = self._norm_rotary(q, k, qk, ms_eps, rope, rows if split else None)
+            if rows is not None and not split:
+                q = q[rows]
         pk, pv, bk, bv = cache.write(layer, k, v, layout)
         if readout is not None:
             layout = readout.layout
             residual = None if residual is None else residual[rows]
-        out = prefix_branch_attention(q, pk, pv, bk, bv, layout, self.scale)
+        out = prefix_branch_attention(q, pk, pv, bk, bv, layout, self.scale, q_transform)
         return linear(out.reshape(q.shape[0], heads * d), self.o_proj, add=residual)
+
+    def _query_transform(
+        self, ms_eps: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+        rows: torch.Tensor | None,
+    ) -> QueryTransform:
+        # q's head norm and rotary for the forward's rows ``rows`` (or all), left to attention
+        cos, ssin = rope if rows is None else (rope[0][rows], rope[1][rows])
+        if not self.qk_norm:
+            return QueryTransform(cos, ssin)
+        eps = self.q_norm.eps
+        if self.scale_free:
+            eps = eps * (ms_eps[:, 0] if rows is None else ms_eps[rows, 0])
+        return QueryTransform(cos, ssin, self.q_norm.weight, eps)
+
+    def _head_eps(self, ms_eps: torch.Tensor) -> float | torch.Tensor:
+        # the q/k head norms' epsilon: per row ([T, 1, 1]) when the input scale is left out
+        return self.q_norm.eps * ms_eps[:, :, None] if self.scale_free else self.q_norm.eps
+
+    def _rotate_keys(
+        self, k: torch.Tensor, ms_eps: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        # head norm (Qwen3) and rotary of k [T, Hkv, D] alone
+        if not self.qk_norm:
+            return norm_rotary(k, None, None, *rope)
+        return norm_rotary(k, self.k_norm.weight, inv_rms(k, self._head_eps(ms_eps)), *rope)
 
     def _norm_rotary(
         self, q: torch.Tensor, k: torch.Tensor, qk: torch.Tensor | None, ms_eps: torch.Tensor,
@@ -97,7 +134,7 @@ class Attention(nn.Module):
         q_rope = rope if rows is None else (rope[0][rows], rope[1][rows])
         if not self.qk_norm:
             return norm_rotary(q, None, None, *q_rope), norm_rotary(k, None, None, *rope)
-        eps = self.q_norm.eps * ms_eps[:, :, None] if self.scale_free else self.q_norm.eps
+        eps = self._head_eps(ms_eps)
         if qk is not None and qk.shape[0] <= _FEW_ROWS:
             # one call over q and k heads: fewer ops, a [T, H + Hkv, D] weight factor
             out = norm_rotary(qk, self._qk_weight(), inv_rms(qk, eps), *rope)
