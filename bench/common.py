@@ -129,8 +129,9 @@ def _gflops(fn: Callable[[], Any], flops: float, repeats: int) -> float:
 def matmul_peak(size: int = 2048, repeats: int = 5,
                 dtypes: tuple[str, ...] = ("float32", "bfloat16")) -> dict[str, float]:
     """GFLOP/s of ``size``-cubed matrix products by every CPU path: ``torch.mm`` (MKL for fp32),
-    oneDNN (``mkldnn_linear`` on ``.to_mkldnn()`` tensors) and oneDNN with a pre-packed weight
-    (``mkldnn._linear_pointwise``, as inductor's freezing uses). Keys: ``"<dtype> <path>"``."""
+    oneDNN (``mkldnn_linear`` on ``.to_mkldnn()`` tensors), oneDNN with a pre-packed weight
+    (``mkldnn._linear_pointwise``, as inductor's freezing uses) and, for bf16, the same in
+    fp32 on widened inputs. Keys: ``"<dtype> <path>"``."""
     flops = 2.0 * size**3
     out: dict[str, float] = {}
     for name in dtypes:
@@ -149,6 +150,15 @@ def matmul_peak(size: int = 2048, repeats: int = 5,
                     out[f"{name} oneDNN packed"] = _gflops(
                         lambda a=a, w=packed: torch.ops.mkldnn._linear_pointwise(
                             a, w, None, "none", [], ""), flops, repeats)
+                    if dtype == torch.bfloat16:
+                        # bf16 matrices widened to fp32 (exact) against an fp32 packed weight,
+                        # the product rounded back: genrec's path for bf16 where the CPU has
+                        # no bf16 instructions (genrec.model.layers.compute_dtype)
+                        wide = torch.ops.mkldnn._reorder_linear_weight(b.float(), None)
+                        out[f"{name} via fp32 oneDNN packed"] = _gflops(
+                            lambda a=a, w=wide: torch.ops.mkldnn._linear_pointwise(
+                                a.float(), w, None, "none", [], "").to(torch.bfloat16),
+                            flops, repeats)
                 except RuntimeError as err:  # a build without these paths
                     print(f"  oneDNN {name} unavailable: {err}")
     return out

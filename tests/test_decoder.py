@@ -55,7 +55,10 @@ def test_branches_match_prefix_plus_branch_alone(arch: str, request: pytest.Fixt
                 start += len(b)
 
 
-def test_bf16_runs_close_to_fp32(qwen3_dir) -> None:
+@pytest.mark.parametrize("compute", ["fp32", "native"])
+def test_bf16_runs_close_to_fp32(qwen3_dir, compute: str, monkeypatch) -> None:
+    # bf16 products in fp32 (CPUs without bf16 instructions) or in bf16 (GENREC_BF16_COMPUTE)
+    monkeypatch.setenv("GENREC_BF16_COMPUTE", compute)
     fp32, bf16 = load_model(qwen3_dir), load_model(qwen3_dir, dtype="bfloat16")
     assert bf16.dtype == torch.bfloat16
     tokens = torch.randint(0, 128, (40,))
@@ -63,7 +66,7 @@ def test_bf16_runs_close_to_fp32(qwen3_dir) -> None:
     with torch.no_grad():
         a = fp32.logits(fp32(fp32.model.embed_tokens(tokens), layout.positions, layout))
         b = bf16.logits(bf16(bf16.model.embed_tokens(tokens), layout.positions, layout))
-    assert torch.isfinite(b).all()
+    assert torch.isfinite(b).all() and b.dtype == torch.float32
     assert (a - b).abs().max().item() < 0.1 * a.abs().max().item()
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from genrec.model import layers
 from genrec.model.layers import Rotary, SwiGLU, fused_linear, inv_rms, linear, norm_rotary, rms_norm
 
 
@@ -74,3 +76,23 @@ def test_swiglu_in_scale_matches_scaled_input() -> None:
         ref = mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x * scale))
                             * mlp.up_proj(x * scale)) + res
         assert (mlp(x, residual=res, in_scale=scale) - ref).abs().max().item() < 1e-5
+
+
+def test_bf16_products_in_fp32_where_the_cpu_lacks_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bf16 inputs widen exactly, the product accumulates in fp32, the result rounds to bf16
+    monkeypatch.setattr(layers, "_native_bf16", lambda: False)
+    torch.manual_seed(5)
+    lin = nn.Linear(48, 40, bias=True).to(torch.bfloat16).requires_grad_(False)
+    x, res = torch.randn(30, 48).to(torch.bfloat16), torch.randn(30, 40).to(torch.bfloat16)
+    assert layers.compute_dtype(x) == torch.float32
+    with torch.inference_mode():
+        y = linear(x, lin, add=res)
+        inner = linear(x, lin, silu=True, out_dtype=torch.float32)
+    ref = F.linear(x.float(), lin.weight.float(), lin.bias.float()) + res.float()
+    assert y.dtype == torch.bfloat16 and inner.dtype == torch.float32
+    assert (y.float() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
+    assert (y.float() - ref.to(torch.bfloat16).float()).abs().max().item() < 0.02
+    silu = F.silu(F.linear(x.float(), lin.weight.float(), lin.bias.float()))
+    assert (inner - silu).abs().max().item() < 1e-4
+    monkeypatch.setenv("GENREC_BF16_COMPUTE", "native")
+    assert layers.compute_dtype(x) == torch.bfloat16

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from genrec.kernels import cascade_attention_op
-from genrec.model.layers import inv_rms, norm_rotary
+from genrec.model.layers import compute_dtype, inv_rms, norm_rotary
 from genrec.model.layout import AttentionLayout
 
 _NEG_INF = float("-inf")
@@ -48,7 +48,7 @@ def fuses_queries(q: torch.Tensor) -> bool:
     """Whether :func:`prefix_branch_attention` runs the native kernel for queries like ``q``
     (CPU, fp32, no autograd, kernel built), which then takes raw queries and a
     :class:`QueryTransform` at no extra pass."""
-    return (q.device.type == "cpu" and q.dtype == torch.float32
+    return (q.device.type == "cpu" and compute_dtype(q) == torch.float32
             and not (torch.is_grad_enabled() and q.requires_grad)
             and cascade_attention_op() is not None)
 
@@ -320,23 +320,12 @@ def _native_attention(
     q_transform: QueryTransform | None,
 ) -> torch.Tensor | None:
     # the native kernel's result, or None where it does not apply (autograd, device, dtype)
+    # fp32 kernel; bf16 inputs widen to fp32 (and the output rounds back) where the CPU
+    # computes bf16 in fp32 anyway (layers.compute_dtype)
     caches = (prefix_k, prefix_v, branch_k, branch_v)
-    rope: dict[str, torch.Tensor | float | None] = {}
-    if q_transform is not None:
-        tr = q_transform
-        if tr.cos.dtype != torch.float32 or (
-                tr.weight is not None and tr.weight.dtype != torch.float32):
-            return None
-        row_eps = tr.eps.float().reshape(-1) if isinstance(tr.eps, torch.Tensor) else None
-        rope = {"cos": tr.cos.reshape(q.shape[0], -1), "sin": tr.signed_sin.reshape(
-            q.shape[0], -1), "weight": tr.weight, "row_eps": row_eps,
-            "eps": 0.0 if row_eps is not None else float(tr.eps)}
-    if (q.device.type != "cpu" or q.dtype != torch.float32 or q.stride(-1) != 1
-            or q.stride(1) != q.shape[2] or torch.is_grad_enabled()
+    if (q.device.type != "cpu" or compute_dtype(q) != torch.float32
+            or any(t.dtype != q.dtype for t in caches) or torch.is_grad_enabled()
             and (q.requires_grad or any(t.requires_grad for t in caches))):
-        return None
-    if any(t.dtype != torch.float32 or t.stride(-1) != 1 or t.stride(-2) != t.shape[-1]
-           for t in caches):
         return None
     op = cascade_attention_op()
     if op is None:
@@ -344,8 +333,22 @@ def _native_attention(
     runs, most_keys = layout.query_runs(_RUN_ROWS)
     if most_keys > _RUN_MAX_KEYS:
         return None
-    flat = [t.flatten(0, 1) for t in caches]  # [rows, Hkv, D]: views of compact caches
-    return op(q, *flat, runs, scale, **rope)
+    rope: dict[str, torch.Tensor | float | None] = {}
+    if q_transform is not None:
+        tr, rows = q_transform, q.shape[0]
+        row_eps = tr.eps.float().reshape(-1) if isinstance(tr.eps, torch.Tensor) else None
+        rope = {"cos": tr.cos.float().reshape(rows, -1),
+                "sin": tr.signed_sin.float().reshape(rows, -1),
+                "weight": None if tr.weight is None else tr.weight.float(),
+                "row_eps": row_eps, "eps": 0.0 if row_eps is not None else float(tr.eps)}
+    q32 = q.float()
+    if q32.stride(-1) != 1 or q32.stride(1) != q.shape[2]:
+        q32 = q32.contiguous()
+    # [rows, Hkv, D]: views of compact fp32 caches
+    flat = [t.float().flatten(0, 1) for t in caches]
+    flat = [t if t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] else t.contiguous()
+            for t in flat]
+    return op(q32, *flat, runs, scale, **rope).to(q.dtype)
 
 
 def _own_branch_attention(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable
 
 import torch
@@ -123,15 +125,37 @@ class SwiGLU(nn.Module):
         in_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``in_scale`` [hidden]: multiplies x's columns, folded into gate and up weights."""
-        gate = linear(x, self.gate_proj, silu=True, in_scale=in_scale)
-        up = linear(x, self.up_proj, mul=gate, in_scale=in_scale)
-        return linear(up, self.down_proj, add=residual)
+        # the intermediate stays in the compute dtype (fp32 for bf16 on CPUs without bf16)
+        inner = compute_dtype(self.gate_proj.weight)
+        gate = linear(x, self.gate_proj, silu=True, in_scale=in_scale, out_dtype=inner)
+        up = linear(x, self.up_proj, mul=gate, in_scale=in_scale, out_dtype=inner)
+        return linear(up, self.down_proj, add=residual, out_dtype=x.dtype)
+
+
+@functools.cache
+def _native_bf16() -> bool:
+    # bf16 instructions (AVX512-BF16 or AMX); torch's private probes, absent in other builds
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: True)() for name in probes)
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype genrec computes products of ``x`` (an activation or a weight) in: bf16 on a
+    CPU without bf16 instructions runs in fp32 (inputs widen exactly and bf16 products
+    accumulate in fp32 anyway; oneDNN would widen them too, about 5x slower); a layer's
+    result is rounded back to bf16 (the residual stream and KV cache stay bf16).
+    ``GENREC_BF16_COMPUTE=native`` keeps bf16 products in bf16."""
+    if (x.dtype == torch.bfloat16 and x.device.type == "cpu" and not _native_bf16()
+            and os.environ.get("GENREC_BF16_COMPUTE", "fp32") != "native"):
+        return torch.float32
+    return x.dtype
 
 
 def _onednn_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    # x may be the fp32 result of a bf16 layer computed in fp32 (see compute_dtype)
     return (
         x.device.type == "cpu"
-        and x.dtype == weight.dtype
+        and (x.dtype == weight.dtype or x.dtype == compute_dtype(weight))
         and x.dtype in (torch.float32, torch.bfloat16)
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
         and torch.backends.mkldnn.is_available()
@@ -161,31 +185,34 @@ def derived(
 
 
 def _packed(
-    owner: nn.Module, layers: tuple[nn.Linear, ...], in_scale: torch.Tensor | None = None
+    owner: nn.Module, layers: tuple[nn.Linear, ...], in_scale: torch.Tensor | None,
+    dtype: torch.dtype,
 ) -> tuple[torch.Tensor, ...]:
-    # oneDNN-blocked copy of the concatenated weights (and biases) with ``in_scale`` folded
-    # in; one per combination of layers the owner runs (q, k, v fused, or k, v and q apart)
+    # oneDNN-blocked copy in ``dtype`` of the concatenated weights (and biases) with
+    # ``in_scale`` folded in; one per combination of layers the owner runs (q, k, v fused,
+    # or k, v and q apart)
     def build() -> tuple[torch.Tensor, ...]:
         with torch.no_grad():
-            weight = torch.cat([_weight(layer, in_scale) for layer in layers]).detach()
+            weight = torch.cat([_weight(layer, in_scale).to(dtype) for layer in layers])
             bias = None
             if any(layer.bias is not None for layer in layers):
                 bias = torch.cat([
-                    layer.bias if layer.bias is not None else weight.new_zeros(layer.out_features)
-                    for layer in layers
-                ]).detach()
-            return torch.ops.mkldnn._reorder_linear_weight(weight, None), bias
+                    layer.bias.to(dtype) if layer.bias is not None
+                    else weight.new_zeros(layer.out_features) for layer in layers
+                ])
+            return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None), bias
 
     params = [p for layer in layers for p in (layer.weight, layer.bias, in_scale)
               if p is not None]
-    return derived(owner, ("packed", *(id(layer) for layer in layers)), params, build)
+    return derived(owner, ("packed", dtype, *(id(layer) for layer in layers)), params, build)
 
 
 def fused_linear(
-    owner: nn.Module, x: torch.Tensor, *layers: nn.Linear, in_scale: torch.Tensor | None = None
+    owner: nn.Module, x: torch.Tensor, *layers: nn.Linear, in_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The outputs of several linear layers over ``x * in_scale`` (in_scale: [in] or None),
-    concatenated on the last dim.
+    concatenated on the last dim, in ``out_dtype`` (default: x's).
 
     On the CPU at inference the weights are packed once for oneDNN (about twice torch's default
     fp32 matmul speed here), with ``in_scale`` folded in, and run as one product; otherwise
@@ -194,32 +221,41 @@ def fused_linear(
     if not _onednn_ok(x, layers[0].weight):
         outs = [F.linear(x, _weight(layer, in_scale), layer.bias) for layer in layers]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
-    weight, bias = _packed(owner, layers, in_scale)
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    dtype = compute_dtype(layers[0].weight)
+    weight, bias = _packed(owner, layers, in_scale, dtype)
+    y = torch.ops.mkldnn._linear_pointwise(x.to(dtype), weight, bias, "none", [], "")
+    return y.to(out_dtype or x.dtype)
 
 
 def linear(
     x: torch.Tensor, layer: nn.Linear, *, silu: bool = False,
     mul: torch.Tensor | None = None, add: torch.Tensor | None = None,
-    in_scale: torch.Tensor | None = None,
+    in_scale: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``layer(x * in_scale)``, optionally followed by SiLU, ``* mul`` or ``+ add`` in the same
-    pass.
+    pass, in ``out_dtype`` (default: x's).
 
     x: [N, in] -> [N, out]; in_scale: [in] or None, folded into the weight. The epilogue is
     fused into the oneDNN product at CPU inference.
     """
+    out_dtype = out_dtype or x.dtype
     if not _onednn_ok(x, layer.weight):
-        y = F.linear(x, _weight(layer, in_scale), layer.bias)
+        y = F.linear(x.to(layer.weight.dtype), _weight(layer, in_scale), layer.bias)
         y = F.silu(y) if silu else y
         y = y * mul if mul is not None else y
-        return y + add if add is not None else y
-    weight, bias = _packed(layer, (layer,), in_scale)
+        return (y + add if add is not None else y).to(out_dtype)
+    dtype = compute_dtype(layer.weight)
+    weight, bias = _packed(layer, (layer,), in_scale, dtype)
+    x, mul, add = (None if t is None else t.to(dtype) for t in (x, mul, add))
     if mul is not None and not silu and add is None:
-        return torch.ops.mkldnn._linear_pointwise.binary(x, mul, weight, bias, "mul")
-    if add is not None and not silu and mul is None:
-        return torch.ops.mkldnn._linear_pointwise.binary(x, add, weight, bias, "add")
-    y = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "swish" if silu else "none", [], "")
-    if mul is not None:
-        y = y.mul_(mul)
-    return y.add_(add) if add is not None else y
+        y = torch.ops.mkldnn._linear_pointwise.binary(x, mul, weight, bias, "mul")
+    elif add is not None and not silu and mul is None:
+        y = torch.ops.mkldnn._linear_pointwise.binary(x, add, weight, bias, "add")
+    else:
+        y = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "swish" if silu else "none",
+                                               [], "")
+        if mul is not None:
+            y = y.mul_(mul)
+        if add is not None:
+            y = y.add_(add)
+    return y.to(out_dtype)
