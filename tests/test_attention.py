@@ -7,7 +7,8 @@ import torch
 
 from genrec.kernels import cascade_attention_op
 from genrec.model import attention, build_layout
-from genrec.model.attention import KVCache, _attend_math, attend, prefix_branch_attention
+from genrec.model.attention import _attend_math, attend, prefix_branch_attention
+from genrec.model.kv_cache import KVCache
 
 H, HKV, D = 4, 2, 8
 
@@ -88,27 +89,6 @@ def test_matches_dense_mask(
         (_dense_reference(*leaves, allowed) * weight).sum().backward()
         for x, leaf in zip((q, k, v), leaves, strict=True):
             assert (x.grad - leaf.grad).abs().max().item() < 1e-5
-
-
-def test_transient_cache_keeps_rows_and_serves_later_chunks(attention_path: str) -> None:
-    torch.manual_seed(3)
-    p, nb, n = 5, 2, 3
-    q, k, v = torch.randn(p + nb * n, H, D), torch.randn(p + nb * n, HKV, D), torch.randn(
-        p + nb * n, HKV, D)
-    lay = build_layout([p], [0] * nb, [n] * nb)
-    cache = KVCache(1, 1, p, nb, n, HKV, D, torch.float32, "cpu", transient=True)
-    pk, pv, bk, bv = cache.write(0, k, v, lay)
-    assert torch.equal(pk[0], k[:p]) and torch.equal(bv.reshape(-1, HKV, D), v[p:])
-    ref = prefix_branch_attention(q, pk, pv, bk, bv, lay, D**-0.5)
-    # a later chunk of one more branch against the cached prefix (fresh branch storage)
-    part = cache.requests(0, 1)
-    part.reset_branches(1, n)
-    later = build_layout([0], [0], [n], prefix_cached=[p], prefix_cap=p)
-    rows = slice(p, p + n)
-    out = prefix_branch_attention(q[rows], *part.write(0, k[rows], v[rows], later), later,
-                                  D**-0.5)
-    assert (out - ref[rows]).abs().max().item() < 1e-5
-    assert part.branch_k[0].shape == (1, n, HKV, D)
 
 
 def test_incremental_decode_and_reorder_match_one_shot(attention_path: str) -> None:

@@ -158,3 +158,12 @@ def test_chunked_branches_equal_one_forward(engine: Engine, chunk: int) -> None:
         for a, b in zip(engine.score_requests(reqs, params), chunked.score_requests(reqs, params),
                         strict=True):
             assert (a - b).abs().max() <= 1e-5
+
+
+def test_engine_loaded_under_inference_mode_scores(qwen3_dir, engine: Engine) -> None:
+    # parameters created under inference_mode are inference tensors (no version counter)
+    with torch.inference_mode():
+        inner = Engine.from_pretrained(qwen3_dir)
+        got = inner.score([5, 6, 7], [[8, 9], [10]], ScoreParams(mode="loglik"))
+    want = engine.score([5, 6, 7], [[8, 9], [10]], ScoreParams(mode="loglik"))
+    assert torch.allclose(torch.as_tensor(got), torch.as_tensor(want), atol=1e-5)

@@ -9,7 +9,8 @@ import torch
 
 import genrec.kernels as kernels
 from genrec.model import build_layout
-from genrec.model.attention import KVCache, QueryTransform, prefix_branch_attention
+from genrec.model.attention import QueryTransform, prefix_branch_attention
+from genrec.model.kv_cache import KVCache
 from genrec.model.layers import Rotary
 
 

@@ -1,9 +1,11 @@
-"""Shared-prefix + branch attention (cascade attention) and its KV cache.
+"""Shared-prefix + branch attention (cascade attention).
 
-A branch token attends to its request's prefix and to its own branch. The two parts are
-computed separately, each returning its log-sum-exp, and merged exactly:
+A branch token attends to its request's prefix and to its own branch; the prefix keys and
+values are stored once per request (``kv_cache.KVCache``) and never copied per branch. On the
+CPU at inference the native kernel (:mod:`genrec.kernels`) does both parts in one pass per run
+of query rows. The PyTorch path computes the two parts separately, each returning its
+log-sum-exp, and merges them exactly:
 ``o = (e^(lse_a - m) o_a + e^(lse_b - m) o_b) / (e^(lse_a - m) + e^(lse_b - m))``.
-The prefix keys and values are stored once per request and never copied per branch.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from genrec.kernels import cascade_attention_op
+from genrec.model.kv_cache import take_rows
 from genrec.model.layers import compute_dtype, inv_rms, norm_rotary
 from genrec.model.layout import AttentionLayout
 
@@ -102,123 +105,6 @@ def attend(
     return _attend_math(q, k, v, mask, causal, scale)
 
 
-class KVCache:
-    """Keys and values of every layer: one prefix per request, one short tail per branch.
-
-    Shapes per layer: prefix [R, prefix_cap, Hkv, D], branch [NB, branch_cap, Hkv, D].
-    A persistent cache (beam search) is zero-filled up front and updated in place; its branch
-    part is reordered cheaply. A ``transient`` one (scoring: dropped after the forward) gets a
-    layer's storage when it is first written: a write that fills a part entirely keeps the new
-    rows themselves (the branch keys as a view of k, no copy and no zero fill); other writes
-    go out of place under autograd so training can backpropagate through the cache.
-    """
-
-    def __init__(
-        self, num_layers: int, num_requests: int, prefix_cap: int, num_branches: int,
-        branch_cap: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-        device: torch.device | str, transient: bool = False,
-    ) -> None:
-        self.transient = transient
-        self._row, self._dtype, self._device = (kv_heads, head_dim), dtype, device
-        self._prefix_dims, self._branch_dims = (num_requests, prefix_cap), (num_branches,
-                                                                           branch_cap)
-        self.prefix_k = self._storage(num_layers, self._prefix_dims)
-        self.prefix_v = self._storage(num_layers, self._prefix_dims)
-        self.branch_k = self._storage(num_layers, self._branch_dims)
-        self.branch_v = self._storage(num_layers, self._branch_dims)
-
-    def _storage(self, num_layers: int, dims: tuple[int, int]) -> list[torch.Tensor | None]:
-        if self.transient:
-            return [None] * num_layers
-        return [self._zeros(dims) for _ in range(num_layers)]
-
-    def _zeros(self, dims: tuple[int, int]) -> torch.Tensor:
-        return torch.zeros(dims + self._row, dtype=self._dtype, device=self._device)
-
-    def _layer(self, store: list[torch.Tensor | None], layer: int, prefix: bool) -> torch.Tensor:
-        if store[layer] is None:
-            store[layer] = self._zeros(self._prefix_dims if prefix else self._branch_dims)
-        return store[layer]
-
-    def write(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Store the new keys/values of ``layer`` (k, v: [T, Hkv, D]); return the layer's cache."""
-        n_prefix = layout.prefix_tokens.numel()
-        single = layout.single_request  # rows are [0, Tp) then [Tp, T): slices, no gather
-        # every slot of a part written at once: its slots are 0, 1, ... in packed order
-        fills = {
-            True: layout.prefix_dense and layout.prefix_causal
-            and layout.prefix_width == layout.prefix_cap,
-            False: layout.uniform_branches and layout.branch_causal
-            and layout.branch_width == layout.branch_cap,
-        }
-        parts = (
-            (True, layout.prefix_tokens, layout.prefix_slots, 0, (self.prefix_k, self.prefix_v)),
-            (False, layout.branch_tokens, layout.branch_slots, n_prefix,
-             (self.branch_k, self.branch_v)),
-        )
-        for prefix, tokens, slots, first, stores in parts:
-            if not tokens.numel():
-                continue
-            dims = self._prefix_dims if prefix else self._branch_dims
-            for store, src in zip(stores, (k, v), strict=True):
-                rows = _take(src, tokens, first if single else None)
-                if self.transient and fills[prefix] and rows.shape[0] == dims[0] * dims[1]:
-                    # compact rows (k is a view of the fused projection's output): the
-                    # kernels read them faster, and a kept prefix holds no more than itself
-                    store[layer] = rows.to(self._dtype).contiguous().view(dims + self._row)
-                else:
-                    store[layer] = _write(self._layer(store, layer, prefix), slots, rows)
-        return (
-            self._layer(self.prefix_k, layer, True), self._layer(self.prefix_v, layer, True),
-            self._layer(self.branch_k, layer, False), self._layer(self.branch_v, layer, False),
-        )
-
-    def reset_branches(self, num_branches: int, branch_cap: int) -> None:
-        """Fresh (zeroed) branch storage; the cached prefixes stay."""
-        self._branch_dims = (num_branches, branch_cap)
-        for store in (self.branch_k, self.branch_v):
-            store[:] = self._storage(len(store), self._branch_dims)
-
-    def requests(self, start: int, end: int) -> KVCache:
-        """A cache over requests ``start..end-1`` only: their prefixes are views of this
-        cache's (shared, not copied); the branch part is empty (see :meth:`reset_branches`)."""
-        view = KVCache.__new__(KVCache)
-        view.__dict__.update(self.__dict__)
-        view._prefix_dims = (end - start, self._prefix_dims[1])
-        view._branch_dims = (0, self._branch_dims[1])
-        view.prefix_k = [self._layer(self.prefix_k, i, True)[start:end]
-                         for i in range(len(self.prefix_k))]
-        view.prefix_v = [self._layer(self.prefix_v, i, True)[start:end]
-                         for i in range(len(self.prefix_v))]
-        view.branch_k = view._storage(len(self.branch_k), view._branch_dims)
-        view.branch_v = view._storage(len(self.branch_v), view._branch_dims)
-        return view
-
-    def reorder_branches(self, order: torch.Tensor) -> None:
-        """Branch b takes the cached tail of branch ``order[b]`` (beam reordering)."""
-        for store in (self.branch_k, self.branch_v):
-            for layer in range(len(store)):
-                store[layer] = self._layer(store, layer, False).index_select(0, order)
-        self._branch_dims = (order.numel(), self._branch_dims[1])
-
-
-def _write(cache: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    if slots.numel() == 0:
-        return cache
-    flat = cache.view((-1,) + tuple(cache.shape[2:]))
-    if torch.is_grad_enabled() and src.requires_grad:
-        return flat.index_copy(0, slots, src.to(cache.dtype)).view(cache.shape)
-    flat.index_copy_(0, slots, src.to(cache.dtype))
-    return cache
-
-
-def _take(x: torch.Tensor, index: torch.Tensor, start: int | None) -> torch.Tensor:
-    # x[index], or a view when the rows are known to be contiguous from ``start``
-    return x[start : start + index.numel()] if start is not None else x[index]
-
-
 def _grid(x: torch.Tensor, rows: torch.Tensor, n_rows: int, identity: bool) -> torch.Tensor:
     # rows of x placed at ``rows`` of a zero-padded grid [n_rows, ...]; identity: no copy
     if identity:
@@ -281,7 +167,7 @@ def prefix_branch_attention(
     out = q.new_empty(q.shape) if n_prefix and n_branch else None
 
     if n_prefix:
-        qp = _take(q, layout.prefix_tokens, 0 if single else None)
+        qp = take_rows(q, layout.prefix_tokens, 0 if single else None)
         mask = layout.additive_mask("prefix_mask", q.dtype)
         o_p, _ = _attend_grid(qp, layout.prefix_rows, n_req, layout.prefix_width,
                               layout.prefix_dense, pk, pv, mask, layout.prefix_causal, scale,
@@ -293,7 +179,7 @@ def prefix_branch_attention(
         else:
             out[layout.prefix_tokens] = o_p
 
-    qb = _take(q, layout.branch_tokens, n_prefix if single else None)
+    qb = take_rows(q, layout.branch_tokens, n_prefix if single else None)
     o_b, lse_b = _own_branch_attention(qb, branch_k, branch_v, layout, scale)
     # one request: the merge writes into ``out`` (not under autograd: lerp's out= has none)
     in_place = out is not None and single and not torch.is_grad_enabled()

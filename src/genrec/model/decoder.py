@@ -6,17 +6,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from genrec.model.attention import (
-    KVCache,
-    QueryTransform,
-    fuses_queries,
-    prefix_branch_attention,
-)
+from genrec.model.attention import QueryTransform, fuses_queries, prefix_branch_attention
 from genrec.model.config import ModelConfig
+from genrec.model.kv_cache import KVCache
 from genrec.model.layers import (
     RMSNorm,
     Rotary,
     SwiGLU,
+    compute_dtype,
     derived,
     fused_linear,
     inv_rms,
@@ -265,7 +262,8 @@ class DecoderLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits of hidden states [N, hidden] -> [N, vocab] (fp32)."""
-        return linear(hidden, self.lm_head).float()
+        # in the compute dtype: bf16 computed in fp32 keeps its fp32 logits
+        return linear(hidden, self.lm_head, out_dtype=compute_dtype(self.lm_head.weight)).float()
 
     def label_logits(self, hidden: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
         """Logits of the given tokens only: [N, hidden], [K] -> [N, K] (fp32)."""

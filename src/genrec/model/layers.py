@@ -172,11 +172,14 @@ def derived(
     build: Callable[[], tuple[torch.Tensor, ...]],
 ) -> tuple[torch.Tensor, ...]:
     """``build()``, kept in ``owner`` under ``slot`` for inference and rebuilt whenever one of
-    ``params`` changes (in-place updates bump ``_version``, moves change ``data_ptr``). Under
-    autograd with a parameter that requires grad it is built afresh (the graph of this call)."""
+    ``params`` changes (in-place updates bump ``_version``, moves change ``data_ptr``; an
+    inference tensor has no version, so only a move is seen). Under autograd with a parameter
+    that requires grad it is built afresh (the graph of this call)."""
     if torch.is_grad_enabled() and any(p.requires_grad for p in params):
         return build()
-    key = tuple((p.data_ptr(), p._version, p.dtype) for p in params)
+    # inference tensors (a model loaded under torch.inference_mode) keep no version counter
+    key = tuple((p.data_ptr(), -1 if p.is_inference() else p._version, p.dtype)
+                for p in params)
     store = owner.__dict__.setdefault("_genrec_derived", {})
     cached = store.get(slot)
     if cached is None or cached[0] != key:
