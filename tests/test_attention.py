@@ -143,3 +143,19 @@ def test_cpu_kernel_matches_math_path(causal: bool) -> None:
     o1, l1 = attend(q, k, v, mask, causal, 0.3)
     o2, l2 = _attend_math(q, k, v, mask, causal, 0.3, chunk=4)
     assert (o1 - o2).abs().max() < 1e-5 and (l1 - l2).abs().max() < 1e-5
+
+
+def test_runs_over_the_key_limit_take_the_pytorch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a run seeing more keys than the native kernel's buffer bound falls back, same result
+    torch.manual_seed(4)
+    prefixes, branches = [12], [[3, 5]]
+    lay = build_layout(prefixes, [0, 0], [3, 5])
+    q, k, v = torch.randn(lay.num_tokens, H, D), torch.randn(lay.num_tokens, HKV, D), \
+        torch.randn(lay.num_tokens, HKV, D)
+    monkeypatch.setattr(attention, "_RUN_MAX_KEYS", 4)
+    monkeypatch.setattr(attention, "cascade_attention_op", lambda: pytest.fail("kernel used"))
+    monkeypatch.setattr(attention, "fuses_queries", lambda q: True)
+    cache = KVCache(1, 1, lay.prefix_cap, 2, lay.branch_cap, HKV, D, torch.float32, "cpu")
+    out = prefix_branch_attention(q, *cache.write(0, k, v, lay), lay, D**-0.5)
+    ref = _dense_reference(q, k, v, _allowed(prefixes, branches))
+    assert (out - ref).abs().max().item() < 1e-5

@@ -58,14 +58,15 @@ at::Tensor cascade_attention(const at::Tensor& q, const at::Tensor& shared_k,
                              const std::optional<at::Tensor>& weight,
                              const std::optional<at::Tensor>& row_eps, double eps) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && q.dim() == 3, "q: float32 [T, H, D]");
-  const int64_t H = q.size(1), D = q.size(2), Hkv = shared_k.size(1), G = H / Hkv;
+  const int64_t H = q.size(1), D = q.size(2), Hkv = shared_k.size(1);
+  TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "query heads must be a multiple of key heads");
+  const int64_t G = H / Hkv;
   TORCH_CHECK(q.stride(2) == 1 && q.stride(1) == D, "q: heads and dims must be dense");
   for (const auto* t : {&shared_k, &shared_v, &branch_k, &branch_v}) {
     TORCH_CHECK(t->scalar_type() == at::kFloat && t->dim() == 3 && t->size(1) == Hkv &&
                 t->size(2) == D && t->stride(2) == 1 && t->stride(1) == D,
                 "keys/values: float32 [rows, Hkv, D] with dense heads and dims");
   }
-  TORCH_CHECK(H % Hkv == 0, "query heads must be a multiple of key heads");
   auto task = tasks.contiguous();
   TORCH_CHECK(task.scalar_type() == at::kLong && task.dim() == 2 && task.size(1) == kTaskCols,
               "tasks: int64 [NT, 7]");

@@ -205,16 +205,12 @@ def _native_attention(
     branch_v: torch.Tensor, layout: AttentionLayout, scale: float,
     q_transform: QueryTransform | None,
 ) -> torch.Tensor | None:
-    # the native kernel's result, or None where it does not apply (autograd, device, dtype)
-    # fp32 kernel; bf16 inputs widen to fp32 (and the output rounds back) where the CPU
-    # computes bf16 in fp32 anyway (layers.compute_dtype)
+    # the native kernel's result, or None where it does not apply (see fuses_queries; keys
+    # that need gradients). An fp32 kernel: bf16 inputs widen to fp32 and the output rounds
+    # back, where the CPU computes bf16 in fp32 anyway (layers.compute_dtype)
     caches = (prefix_k, prefix_v, branch_k, branch_v)
-    if (q.device.type != "cpu" or compute_dtype(q) != torch.float32
-            or any(t.dtype != q.dtype for t in caches) or torch.is_grad_enabled()
-            and (q.requires_grad or any(t.requires_grad for t in caches))):
-        return None
-    op = cascade_attention_op()
-    if op is None:
+    if not fuses_queries(q) or any(t.dtype != q.dtype for t in caches) or (
+            torch.is_grad_enabled() and any(t.requires_grad for t in caches)):
         return None
     runs, most_keys = layout.query_runs(_RUN_ROWS)
     if most_keys > _RUN_MAX_KEYS:
@@ -234,7 +230,7 @@ def _native_attention(
     flat = [t.float().flatten(0, 1) for t in caches]
     flat = [t if t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] else t.contiguous()
             for t in flat]
-    return op(q32, *flat, runs, scale, **rope).to(q.dtype)
+    return cascade_attention_op()(q32, *flat, runs, scale, **rope).to(q.dtype)
 
 
 def _own_branch_attention(
