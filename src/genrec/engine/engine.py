@@ -24,6 +24,7 @@ from genrec.engine.params import (
 from genrec.engine.retrieval import recommend_batch
 from genrec.engine.scoring import read_scores
 from genrec.generative.vocab import SOFT_ID, SidVocab
+from genrec.kernels import cascade_attention_op
 from genrec.model.checkpoint import load_model
 from genrec.model.decoder import DecoderLM
 from genrec.utils.allocator import keep_freed_memory
@@ -44,6 +45,7 @@ class Engine:
         self.config = config or EngineConfig()
         if self.model.device.type == "cpu":
             keep_freed_memory()  # activations reused across forwards, not re-faulted
+            cascade_attention_op()  # built (once per machine) now, not in the first request
         self.item_table: ItemTable | None = None
         self.catalog: CatalogState | None = None  # the generative catalog, swapped whole
         if item_table is not None:

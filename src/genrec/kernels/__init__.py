@@ -49,6 +49,7 @@ def _build(compiler: str) -> Path:
     if target.exists():
         return target
     cache.mkdir(parents=True, exist_ok=True)
+    log.info("building genrec's CPU attention kernel into %s (once per machine)", cache)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         built = Path(tmp) / target.name
         cmd = [compiler, *flags, *(f"-I{p}" for p in include_paths()), str(_SOURCE),
