@@ -159,10 +159,6 @@ def prefix_branch_attention(
     single = layout.single_request
     n_prefix, n_branch = layout.prefix_tokens.numel(), layout.branch_tokens.numel()
     pk, pv = prefix_k.transpose(1, 2), prefix_v.transpose(1, 2)  # [R, Hkv, P, D]
-    if single and n_prefix and n_branch and layout.prefix_causal and (
-        layout.prefix_cap == n_prefix
-    ):
-        return _fresh_prefix_attention(q, pk, pv, branch_k, branch_v, layout, scale)
     # both parts: written into one output (for one request, prefix rows then branch rows)
     out = q.new_empty(q.shape) if n_prefix and n_branch else None
 
@@ -180,7 +176,13 @@ def prefix_branch_attention(
             out[layout.prefix_tokens] = o_p
 
     qb = take_rows(q, layout.branch_tokens, n_prefix if single else None)
-    o_b, lse_b = _own_branch_attention(qb, branch_k, branch_v, layout, scale)
+    # Part B: each branch against its own keys.
+    mask = layout.additive_mask("branch_mask", q.dtype)
+    o_b, lse_b = _attend_grid(
+        qb, layout.branch_rows, layout.num_branches, layout.branch_width,
+        layout.uniform_branches, branch_k.transpose(1, 2), branch_v.transpose(1, 2), mask,
+        layout.branch_causal, scale,
+    )
     # one request: the merge writes into ``out`` (not under autograd: lerp's out= has none)
     in_place = out is not None and single and not torch.is_grad_enabled()
     if layout.prefix_cap:
@@ -231,39 +233,6 @@ def _native_attention(
     flat = [t if t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] else t.contiguous()
             for t in flat]
     return cascade_attention_op()(q32, *flat, runs, scale, **rope).to(q.dtype)
-
-
-def _own_branch_attention(
-    qb: torch.Tensor, branch_k: torch.Tensor, branch_v: torch.Tensor, layout: AttentionLayout,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    # Part B: each branch's queries [Tb, H, D] against its own keys -> output, log-sum-exp
-    mask = layout.additive_mask("branch_mask", qb.dtype)
-    o_b, lse_b = _attend_grid(
-        qb, layout.branch_rows, layout.num_branches, layout.branch_width,
-        layout.uniform_branches, branch_k.transpose(1, 2), branch_v.transpose(1, 2), mask,
-        layout.branch_causal, scale,
-    )
-    return o_b, lse_b
-
-
-def _fresh_prefix_attention(
-    q: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor, branch_k: torch.Tensor,
-    branch_v: torch.Tensor, layout: AttentionLayout, scale: float,
-) -> torch.Tensor:
-    """One request whose whole prefix is computed in this forward (rows [0, Tp)): its prefix
-    rows and its branch rows query the prefix keys in one call. Causal masking is aligned
-    top-left (query i sees keys <= i), so it masks the prefix rows' later keys and nothing
-    for the branch rows, which come after every prefix key."""
-    n_prefix = layout.prefix_tokens.numel()
-    o, lse = attend(q.transpose(0, 1)[None], pk, pv, None, True, scale)
-    out = o[0].transpose(0, 1)  # [T, H, D]
-    o_a, lse_a = out[n_prefix:], lse[0].transpose(0, 1)[n_prefix:]
-    o_b, lse_b = _own_branch_attention(q[n_prefix:], branch_k, branch_v, layout, scale)
-    if torch.is_grad_enabled():  # lerp's out= has no autograd
-        return torch.cat((out[:n_prefix], merge_attention(o_a, lse_a, o_b, lse_b)))
-    merge_attention(o_a, lse_a, o_b, lse_b, out=o_a)
-    return out
 
 
 def merge_attention(

@@ -127,23 +127,18 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Head norms (Qwen3) and rotary of q [Tq, H, D] (the forward's rows ``rows``, or all
         of them) and k [T, Hkv, D]; ``qk``: q and k as one [T, H + Hkv, D] view, or None."""
-        heads = self.heads
-        q_rope = rope if rows is None else (rope[0][rows], rope[1][rows])
-        if not self.qk_norm:
-            return norm_rotary(q, None, None, *q_rope), norm_rotary(k, None, None, *rope)
-        eps = self._head_eps(ms_eps)
-        if qk is not None and qk.shape[0] <= _FEW_ROWS:
+        if not (self.qk_norm and qk is not None):
+            return self._query_transform(ms_eps, rope, rows).apply(q), self._rotate_keys(
+                k, ms_eps, rope)
+        heads, eps = self.heads, self._head_eps(ms_eps)
+        if qk.shape[0] <= _FEW_ROWS:
             # one call over q and k heads: fewer ops, a [T, H + Hkv, D] weight factor
             out = norm_rotary(qk, self._qk_weight(), inv_rms(qk, eps), *rope)
             return out[:, :heads], out[:, heads:]
-        if qk is not None:  # one reduction over q and k heads, then [T, 1, D] factors
-            head_r = inv_rms(qk, eps)
-            q_r, k_r = head_r[:, :heads], head_r[:, heads:]
-        else:
-            q_eps = eps[rows] if isinstance(eps, torch.Tensor) else eps
-            q_r, k_r = inv_rms(q, q_eps), inv_rms(k, eps)
-        return (norm_rotary(q, self.q_norm.weight, q_r, *q_rope),
-                norm_rotary(k, self.k_norm.weight, k_r, *rope))
+        # one reduction over q and k heads, then [T, 1, D] factors
+        head_r = inv_rms(qk, eps)
+        return (norm_rotary(q, self.q_norm.weight, head_r[:, :heads], *rope),
+                norm_rotary(k, self.k_norm.weight, head_r[:, heads:], *rope))
 
     def _qk_weight(self) -> torch.Tensor:
         # [heads + kv_heads, D]: q_norm's weight per query head, k_norm's per key head

@@ -51,25 +51,22 @@ class KVCache:
         """Store the new keys/values of ``layer`` (k, v: [T, Hkv, D]); return the layer's cache."""
         n_prefix = layout.prefix_tokens.numel()
         single = layout.single_request  # rows are [0, Tp) then [Tp, T): slices, no gather
-        # every slot of a part written at once: its slots are 0, 1, ... in packed order
-        fills = {
-            True: layout.prefix_dense and layout.prefix_causal
-            and layout.prefix_width == layout.prefix_cap,
-            False: layout.uniform_branches and layout.branch_causal
-            and layout.branch_width == layout.branch_cap,
-        }
+        # fills: every slot of the part is written at once (slots 0, 1, ... in packed order)
         parts = (
-            (True, layout.prefix_tokens, layout.prefix_slots, 0, (self.prefix_k, self.prefix_v)),
+            (True, layout.prefix_tokens, layout.prefix_slots, 0, (self.prefix_k, self.prefix_v),
+             layout.prefix_dense and layout.prefix_causal
+             and layout.prefix_width == layout.prefix_cap),
             (False, layout.branch_tokens, layout.branch_slots, n_prefix,
-             (self.branch_k, self.branch_v)),
+             (self.branch_k, self.branch_v), layout.uniform_branches and layout.branch_causal
+             and layout.branch_width == layout.branch_cap),
         )
-        for prefix, tokens, slots, first, stores in parts:
+        for prefix, tokens, slots, first, stores, fills in parts:
             if not tokens.numel():
                 continue
             dims = self._prefix_dims if prefix else self._branch_dims
             for store, src in zip(stores, (k, v), strict=True):
                 rows = take_rows(src, tokens, first if single else None)
-                if self.transient and fills[prefix] and rows.shape[0] == dims[0] * dims[1]:
+                if self.transient and fills and rows.shape[0] == dims[0] * dims[1]:
                     # compact rows (k is a view of the fused projection's output): the
                     # kernels read them faster, and a kept prefix holds no more than itself
                     store[layer] = rows.to(self._dtype).contiguous().view(dims + self._row)
