@@ -10,7 +10,6 @@ import argparse
 import atexit
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -341,18 +340,22 @@ def _genrec_revision() -> str:
 
 
 def machine_note() -> dict[str, Any]:
-    """What the figures were measured on (and which genrec revision)."""
-    flags = ""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0]
-    except (OSError, IndexError):
-        pass
+    """What the figures were measured on (CPU as genrec detects it, instruction-set caps in
+    force, and which genrec revision)."""
+    from genrec.utils.cpu import cpu_features
+
+    features = cpu_features()
+    caps = {k: os.environ[k] for k in ("GENREC_CPU_ISA", "ONEDNN_MAX_CPU_ISA",
+                                       "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS",
+                                       "GENREC_BF16_COMPUTE") if k in os.environ}
     return {
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": features.describe(),
+        "isa_caps": caps,
+        "aten_capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "avx512_bf16": "avx512_bf16" in flags,
-        "amx": "amx_tile" in flags,
+        "avx512_bf16": features.avx512_bf16,
+        "amx": features.amx_bf16,
         "cores": os.cpu_count(),
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "genrec": _genrec_revision(),

@@ -45,3 +45,30 @@ def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_hf_checkpoint(tmp_path_factory.mktemp("llama"), "llama", tie=True)
+
+
+@pytest.fixture
+def cpu_isa(monkeypatch: pytest.MonkeyPatch):
+    """Caps genrec's CPU detection for one test: ``cpu_isa("avx2")`` (GENREC_CPU_ISA)."""
+    from genrec.utils.cpu import cpu_features
+
+    def cap(level: str) -> None:
+        monkeypatch.setenv("GENREC_CPU_ISA", level)
+        cpu_features.cache_clear()
+
+    yield cap
+    monkeypatch.delenv("GENREC_CPU_ISA", raising=False)
+    cpu_features.cache_clear()
+
+
+@pytest.fixture(params=["native", "torch"])
+def attention_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run a test through the native CPU attention kernel and through the PyTorch path."""
+    from genrec.kernels import cascade_attention_op
+    from genrec.model import attention
+
+    if request.param == "torch":
+        monkeypatch.setattr(attention, "cascade_attention_op", lambda: None)
+    elif cascade_attention_op() is None:
+        pytest.skip("the native CPU kernel is not built here (no C++ compiler or MKL)")
+    return request.param

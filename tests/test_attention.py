@@ -5,22 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genrec.kernels import cascade_attention_op
 from genrec.model import attention, build_layout
 from genrec.model.attention import _attend_math, attend, prefix_branch_attention
 from genrec.model.kv_cache import KVCache
 
+pytestmark = pytest.mark.numerics
+
 H, HKV, D = 4, 2, 8
-
-
-@pytest.fixture(params=["native", "torch"])
-def attention_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test through the native CPU kernel and through the PyTorch path."""
-    if request.param == "torch":
-        monkeypatch.setattr(attention, "cascade_attention_op", lambda: None)
-    elif cascade_attention_op() is None:
-        pytest.skip("the native CPU kernel is not built here (no C++ compiler or MKL)")
-    return request.param
 
 
 def _dense_reference(q, k, v, allowed):

@@ -13,6 +13,8 @@ from genrec.model.attention import QueryTransform, prefix_branch_attention
 from genrec.model.kv_cache import KVCache
 from genrec.model.layers import Rotary
 
+pytestmark = pytest.mark.numerics
+
 
 def _op():
     op = kernels.cascade_attention_op()

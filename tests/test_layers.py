@@ -10,6 +10,9 @@ from torch import nn
 
 from genrec.model import layers
 from genrec.model.layers import Rotary, SwiGLU, fused_linear, inv_rms, linear, norm_rotary, rms_norm
+from genrec.utils.cpu import detect_cpu
+
+pytestmark = pytest.mark.numerics
 
 
 def _rotate_half_reference(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
@@ -78,9 +81,11 @@ def test_swiglu_in_scale_matches_scaled_input() -> None:
         assert (mlp(x, residual=res, in_scale=scale) - ref).abs().max().item() < 1e-5
 
 
-def test_bf16_products_in_fp32_where_the_cpu_lacks_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bf16_products_in_fp32_where_the_cpu_lacks_bf16(
+    monkeypatch: pytest.MonkeyPatch, cpu_isa
+) -> None:
     # bf16 inputs widen exactly, the product accumulates in fp32, the result rounds to bf16
-    monkeypatch.setattr(layers, "_native_bf16", lambda: False)
+    cpu_isa("avx512")  # AVX-512 without bf16 instructions: oneDNN could, genrec widens
     torch.manual_seed(5)
     lin = nn.Linear(48, 40, bias=True).to(torch.bfloat16).requires_grad_(False)
     x, res = torch.randn(30, 48).to(torch.bfloat16), torch.randn(30, 40).to(torch.bfloat16)
@@ -95,4 +100,8 @@ def test_bf16_products_in_fp32_where_the_cpu_lacks_bf16(monkeypatch: pytest.Monk
     silu = F.silu(F.linear(x.float(), lin.weight.float(), lin.bias.float()))
     assert (inner - silu).abs().max().item() < 1e-4
     monkeypatch.setenv("GENREC_BF16_COMPUTE", "native")
-    assert layers.compute_dtype(x) == torch.bfloat16
+    # forced bf16 products where oneDNN has them (AVX-512 hosts), else a warned fallback
+    native = detect_cpu().onednn_bf16
+    assert layers.compute_dtype(x) == (torch.bfloat16 if native else torch.float32)
+    cpu_isa("avx2")  # oneDNN has no bf16 path there: the forced setting falls back
+    assert layers.compute_dtype(x) == torch.float32

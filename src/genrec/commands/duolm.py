@@ -12,15 +12,19 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from genrec.commands.generative import (
-    _INPUT_ERRORS,
+from genrec.commands.dataset import (
     DataOpt,
-    DeviceOpt,
     InterOpt,
     ItemsOpt,
+    TableOpt,
+    load_dataset,
+    table_options,
+)
+from genrec.commands.generative import (
+    _INPUT_ERRORS,
+    DeviceOpt,
     ThreadsOpt,
     _fail,
-    load_dataset,
     resolve_device,
     train_app,
 )
@@ -102,9 +106,11 @@ Hidden = Annotated[int, typer.Option(min=8)]
 
 
 @train_app.command("teacher")
+@table_options
 def train_teacher(
     out: Annotated[Path, typer.Option(help="Output folder (last/, best/, history.json).")],
     data: DataOpt = None, interactions: InterOpt = None, items: ItemsOpt = None,
+    table: TableOpt = None,
     hidden: Hidden = 128, layers: int = 2, heads: int = 4, kv_heads: int = 2,
     max_title_tokens: int = 24, max_text_tokens: int = 128,
     max_history: Annotated[int, typer.Option(min=1)] = 20,
@@ -132,9 +138,9 @@ def train_teacher(
 
     dev = resolve_device(device, threads)
     args = {k: str(v) if isinstance(v, Path) else v for k, v in locals().items()
-            if k in train_teacher.__annotations__}
+            if k in train_teacher.__annotations__} | dict(table or {})
     try:
-        ds = load_dataset(data, interactions, items)
+        ds = load_dataset(data, interactions, items, table)
         prompts = TeacherPrompts.from_items(_item_text(ds), ds.num_items, None, max_title_tokens,
                                             max_text_tokens, max_history)
         sp, val, val_cands = _val_split(ds, max_history, val_users, val_negatives, seed)
@@ -166,9 +172,11 @@ def _sample(examples: list, n: int, seed: int) -> list:
 
 
 @train_app.command("duolm")
+@table_options
 def train_duolm(
     out: Annotated[Path, typer.Option(help="Output folder (last/, best/, history.json).")],
     data: DataOpt = None, interactions: InterOpt = None, items: ItemsOpt = None,
+    table: TableOpt = None,
     teacher: Annotated[Path | None, typer.Option(help="Teacher checkpoint to distil from "
                                                       "(a training folder: its best/).")] = None,
     distill_weight: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.5,
@@ -208,9 +216,9 @@ def train_duolm(
 
     dev = resolve_device(device, threads)
     args = {k_: str(v) if isinstance(v, Path) else v for k_, v in locals().items()
-            if k_ in train_duolm.__annotations__}
+            if k_ in train_duolm.__annotations__} | dict(table or {})
     try:
-        ds = load_dataset(data, interactions, items)
+        ds = load_dataset(data, interactions, items, table)
         torch.manual_seed(seed)
         enc_cfg = EncoderConfig(backend=backend, k=k, hidden_size=hidden,
                                 max_text_tokens=max_text_tokens)
@@ -249,10 +257,12 @@ def _folder(path: Path) -> Path:
     return path / "best" if (path / "best" / "config.json").is_file() else path
 
 
+@table_options
 def encode_catalog(
     model: Annotated[Path, typer.Option(help="DuoLM student checkpoint (or training folder).")],
     out: Annotated[Path, typer.Option(help="Item store folder (a new version is added).")],
     data: DataOpt = None, interactions: InterOpt = None, items: ItemsOpt = None,
+    table: TableOpt = None,
     features: Annotated[Path | None, typer.Option(help="Feature cache file.")] = None,
     batch_size: Annotated[int, typer.Option(min=1)] = 256,
     device: DeviceOpt = "auto", threads: ThreadsOpt = None, progress: bool = True,
@@ -266,7 +276,7 @@ def encode_catalog(
     folder = _folder(model)
     try:
         read_meta(folder)
-        ds = load_dataset(data, interactions, items)
+        ds = load_dataset(data, interactions, items, table)
         encoder = ItemEncoder.load(folder / ENCODER_DIR, dev)
         feats = catalog_features(encoder.config, ds, features, progress)
         vectors = encoder.encode_all(feats, batch_size, progress)

@@ -17,17 +17,21 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from genrec.commands.dataset import (
+    DataOpt,
+    InterOpt,
+    ItemsOpt,
+    TableOpt,
+    load_dataset,
+    table_options,
+)
+
 if TYPE_CHECKING:
     from genrec.catalog.semantic_ids import SemanticIndex
     from genrec.data.loaders import Dataset
 
 train_app = typer.Typer(help="Train models.", no_args_is_help=True)
 
-DataOpt = Annotated[Path | None, typer.Option(help="Dataset folder in the JSON format "
-                                                   "(*.inter.json, optional *.item.json).")]
-InterOpt = Annotated[Path | None, typer.Option(help="Interactions table (CSV/TSV/Parquet: "
-                                                    "user_id, item_id, timestamp).")]
-ItemsOpt = Annotated[Path | None, typer.Option(help="Items table (with --interactions).")]
 DeviceOpt = Annotated[str, typer.Option(help="auto | cpu | cuda[:N].")]
 ThreadsOpt = Annotated[int | None, typer.Option(min=1, help="CPU threads for torch (default: "
                                                            "torch's; 1 is faster on a busy CPU).")]
@@ -48,19 +52,6 @@ def resolve_device(device: str, threads: int | None = None) -> str:
     return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
 
 
-def load_dataset(data: Path | None, interactions: Path | None, items: Path | None) -> Dataset:
-    """The dataset named by exactly one of ``--data`` / ``--interactions``."""
-    from genrec.data import load_json_dataset, load_table_dataset
-
-    if (data is None) == (interactions is None):
-        raise typer.BadParameter("give exactly one of --data FOLDER or --interactions FILE")
-    if items is not None and data is not None:
-        raise typer.BadParameter("--items goes with --interactions (a --data folder has its own)")
-    if data is not None:
-        return load_json_dataset(data)
-    return load_table_dataset(interactions, items)
-
-
 def check_index(index: SemanticIndex, dataset: Dataset, where: str) -> None:
     """Raise ValueError naming ``where`` when the index does not cover the dataset's items."""
     if index.num_items != dataset.num_items:
@@ -69,9 +60,11 @@ def check_index(index: SemanticIndex, dataset: Dataset, where: str) -> None:
         raise ValueError(f"{where}: item ids differ from the dataset's (built for another one?)")
 
 
+@table_options
 def index_command(
     out: Annotated[Path, typer.Option(help="Where to write the index (JSON).")],
     data: DataOpt = None, interactions: InterOpt = None, items: ItemsOpt = None,
+    table: TableOpt = None,
     from_text: Annotated[bool, typer.Option(help="Embed item text with the sentence encoder, "
                                                  "then residual k-means.")] = False,
     embeddings: Annotated[Path | None, typer.Option(
@@ -96,7 +89,7 @@ def index_command(
     from genrec.catalog.semantic_ids import duplicate_groups
 
     try:
-        ds = load_dataset(data, interactions, items)
+        ds = load_dataset(data, interactions, items, table)
         if from_text + (embeddings is not None) + (sid_file is not None) > 1:
             raise typer.BadParameter("give at most one of --from-text, --embeddings, --sid-file")
         if not from_text and embeddings is None:
@@ -127,10 +120,12 @@ def index_command(
 
 
 @train_app.command("generative")
+@table_options
 def train_generative(
     index: Annotated[Path, typer.Option(help="Semantic index (from `genrec index`).")],
     out: Annotated[Path, typer.Option(help="Output folder (last/, best/, history.json).")],
     data: DataOpt = None, interactions: InterOpt = None, items: ItemsOpt = None,
+    table: TableOpt = None,
     user_vectors: Annotated[str, typer.Option(
         help="Soft token: svd | svd-causal | none | FILE (.npy/.safetensors, one row per "
              "user). svd-causal: each training window's vector holds only the user's items "
@@ -169,9 +164,9 @@ def train_generative(
 
     dev = resolve_device(device, threads)
     args = {k: str(v) if isinstance(v, Path) else v for k, v in locals().items()
-            if k in train_generative.__annotations__}
+            if k in train_generative.__annotations__} | dict(table or {})
     try:
-        ds = load_dataset(data, interactions, items)
+        ds = load_dataset(data, interactions, items, table)
         sem = SemanticIndex.load(index)
         check_index(sem, ds, "--index")
         vocab = SidVocab(sem, max_history=max_history)
@@ -225,10 +220,12 @@ def train_generative(
                f"(val ndcg@10 {result.best_metric}); early stop: {result.stopped_early}")
 
 
+@table_options
 def eval_command(
     model: Annotated[Path, typer.Option(help="Checkpoint folder (or a training output folder: "
                                              "its best/ is used).")],
     data: DataOpt = None, interactions: InterOpt = None, items: ItemsOpt = None,
+    table: TableOpt = None,
     split: Annotated[str, typer.Option(help="test | val.")] = "test",
     beam_width: Annotated[int, typer.Option(min=1)] = 20,
     users: Annotated[int | None, typer.Option(min=1, help="Evaluate a fixed random sample of "
@@ -258,10 +255,10 @@ def eval_command(
     if (folder / "duolm.json").is_file():
         from genrec.commands.ranking_eval import eval_rankers
 
-        return eval_rankers(model, teacher, store, data, interactions, items, split, users,
+        return eval_rankers(model, teacher, store, data, interactions, items, table, split, users,
                             negatives, seed, device, threads, progress, json_path)
     try:
-        ds = load_dataset(data, interactions, items)
+        ds = load_dataset(data, interactions, items, table)
         engine = Engine.from_pretrained(folder, device=resolve_device(device, threads))
         if engine.vocab is None:
             raise ValueError(f"--model: {folder} has no Semantic-ID vocabulary")

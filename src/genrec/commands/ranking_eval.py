@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from genrec.commands.dataset import TableOpt, load_dataset
 from genrec.commands.duolm import FEATURES_FILE, _folder, _item_text, _val_split, catalog_features
-from genrec.commands.generative import _INPUT_ERRORS, _fail, load_dataset, resolve_device
+from genrec.commands.generative import _INPUT_ERRORS, _fail, resolve_device
 
 if TYPE_CHECKING:
     from genrec.data.loaders import Dataset
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 def eval_rankers(
     model: Path, teacher: Path | None, store: Path | None, data: Path | None,
-    interactions: Path | None, items: Path | None, split: str, users: int | None,
+    interactions: Path | None, items: Path | None, table: TableOpt, split: str, users: int | None,
     negatives: int, seed: int, device: str, threads: int | None, progress: bool,
     json_path: Path | None,
 ) -> None:
@@ -32,7 +33,7 @@ def eval_rankers(
 
     dev = resolve_device(device, threads)
     try:
-        ds = load_dataset(data, interactions, items)
+        ds = load_dataset(data, interactions, items, table)
         rankers = {}
         for path in [p for p in (model, teacher) if p is not None]:
             folder = _folder(path)

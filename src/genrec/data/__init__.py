@@ -1,5 +1,6 @@
 """Datasets: loaders for interaction data and the leave-one-out split."""
 
+from genrec.data.columns import TableColumns
 from genrec.data.loaders import (
     Dataset,
     JsonDatasetFiles,
@@ -14,6 +15,7 @@ __all__ = [
     "Example",
     "JsonDatasetFiles",
     "LeaveOneOutSplit",
+    "TableColumns",
     "find_json_dataset",
     "leave_one_out",
     "load_json_dataset",

@@ -4,8 +4,10 @@ Two input formats are supported:
 
 * the JSON format of LC-Rec / LETTER / CollisionGenRec (``<Name>.inter.json``,
   ``<Name>.item.json``, ``sid-rqvae/<Name>.index.json``): :func:`load_json_dataset`;
-* an interactions table (CSV/TSV or Parquet) with user id, item id and timestamp columns, plus an
-  optional items table with text columns: :func:`load_table_dataset`.
+* an interactions table (CSV/TSV, RecBole atomic files or Parquet) with user id, item id and
+  (optionally) timestamp and rating columns, plus an optional items table with text columns:
+  :func:`load_table_dataset`. Which column is which is detected from common layouts
+  (:mod:`genrec.data.columns`) or named by the caller.
 
 Original ids are kept as strings. Internal item indices are assigned by sorting the original ids
 (numerically when every id is an integer, else lexicographically), so a dataset whose item ids are
@@ -14,14 +16,27 @@ Original ids are kept as strings. Internal item indices are assigned by sorting 
 
 from __future__ import annotations
 
-import csv
+import dataclasses
 import json
+import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from genrec.data.columns import (
+    CANDIDATES,
+    TableColumns,
+    field_name,
+    find_column,
+    find_columns,
+    parse_column,
+    read_table,
+    text_columns,
+)
+
+log = logging.getLogger(__name__)
 
 _MAX_LISTED = 10
 
@@ -33,7 +48,8 @@ class Dataset:
     ``sequences[u]`` holds the internal item indices of user ``u`` in time order (oldest first).
     ``item_ids[i]`` is the original id of item index ``i``; ``item_index`` is the inverse map.
     ``item_text`` maps item index -> {field: text} (e.g. title, description, brand, categories);
-    it is ``None`` when the dataset has no item text.
+    it is ``None`` when the dataset has no item text. ``columns``: the columns a table dataset
+    was read by (``None`` for the JSON format).
     """
 
     name: str
@@ -43,6 +59,7 @@ class Dataset:
     item_index: dict[str, int] = field(repr=False)
     item_text: dict[int, dict[str, str]] | None = field(default=None, repr=False)
     semantic_id_path: Path | None = None
+    columns: TableColumns | None = None
 
     @property
     def num_users(self) -> int:
@@ -197,133 +214,93 @@ def load_json_dataset(folder: str | Path, name: str | None = None) -> Dataset:
     )
 
 
-def _read_table(path: Path, delimiter: str | None = None) -> dict[str, list[Any]]:
-    """Read a CSV/TSV (stdlib) or Parquet (pyarrow or pandas) file into column lists."""
-    suffix = path.suffix.lower()
-    if suffix in (".parquet", ".pq"):
-        try:
-            import pyarrow.parquet as pq
-
-            return pq.read_table(path).to_pydict()
-        except ImportError:
-            pass
-        try:
-            import pandas as pd
-        except ImportError:
-            raise ImportError(
-                f"reading {path.name} needs the 'pyarrow' or 'pandas' package (with a parquet "
-                "engine); install one, or convert the table to CSV"
-            ) from None
-        frame = pd.read_parquet(path)
-        return {str(c): frame[c].tolist() for c in frame.columns}
-    if delimiter is None:
-        delimiter = "\t" if suffix == ".tsv" else ","
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f, delimiter=delimiter)
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise ValueError(f"{path}: empty table (no header row)") from None
-        columns: dict[str, list[Any]] = {h.strip(): [] for h in header}
-        names = list(columns)
-        for line, row in enumerate(reader, start=2):
-            if not row:
-                continue
-            if len(row) != len(names):
-                raise ValueError(f"{path}:{line}: expected {len(names)} fields, got {len(row)}")
-            for name, value in zip(names, row, strict=True):
-                columns[name].append(value)
-    return columns
-
-
-def _require_columns(path: Path, table: dict[str, list[Any]], needed: Sequence[str]) -> None:
-    missing = [c for c in needed if c not in table]
-    if missing:
-        raise ValueError(
-            f"{path.name}: missing column(s) {missing}; available columns: {list(table)}"
-        )
-
-
-def _id_str(value: Any, path: Path, column: str, row: int) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        raise ValueError(f"{path.name}: empty {column!r} in data row {row + 1}")
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    text = str(value).strip()
-    if not text:
-        raise ValueError(f"{path.name}: empty {column!r} in data row {row + 1}")
-    return text
-
-
-def _time_key(value: Any, path: Path, column: str, row: int) -> float:
-    """Convert a timestamp (number, numeric string, ISO string or datetime) to seconds."""
-    if hasattr(value, "timestamp"):
-        return float(value.timestamp())
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    text = str(value).strip()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        raise ValueError(
-            f"{path.name}: data row {row + 1}: {column!r} value {value!r} is neither a number "
-            "nor an ISO date"
-        ) from None
+def _items_table(
+    path: Path, delimiter: str | None, id_col: str | None, text_cols: Sequence[str] | None,
+    columns: TableColumns,
+) -> tuple[list[str], dict[str, dict[str, str]], TableColumns]:
+    """The items table: its sorted ids, each item's text, and ``columns`` with its id and text
+    columns added (see :func:`load_table_dataset`)."""
+    table = read_table(path, delimiter)
+    id_col = str(find_column(list(table), "item id", id_col, where=path.name,
+                             preferred=[columns.item]))
+    cols = (text_columns(table, id_col) if text_cols is None else
+            find_columns(list(table), text_cols, "text", where=path.name))
+    ids = parse_column(table, id_col, "id", path)
+    dups = sorted(i for i, n in Counter(ids).items() if n > 1)
+    if dups:
+        raise ValueError(f"{path.name}: duplicate item ids: {_listing(dups)}")
+    text = {iid: _text_fields({field_name(c): table[c][r] for c in cols})
+            for r, iid in enumerate(ids)}
+    return _sorted_ids(ids), text, dataclasses.replace(columns, items_id=id_col, text=tuple(cols))
 
 
 def load_table_dataset(
     interactions: str | Path,
     items: str | Path | None = None,
     *,
-    user_col: str = "user_id",
-    item_col: str = "item_id",
-    time_col: str = "timestamp",
+    user_col: str | None = None,
+    item_col: str | None = None,
+    time_col: str | None = None,
+    rating_col: str | None = None,
+    min_rating: float | None = None,
     items_id_col: str | None = None,
     text_cols: Sequence[str] | None = None,
     delimiter: str | None = None,
     name: str | None = None,
 ) -> Dataset:
-    """Load an interactions table (CSV/TSV/Parquet) and an optional items table.
+    """Load an interactions table (CSV/TSV/RecBole/Parquet) and an optional items table.
 
-    Each user's interactions are sorted by timestamp; ties keep file order (stable sort).
-    When ``items`` is given it defines the catalog (items without interactions are kept) and
-    every item id in the interactions must appear in it. ``text_cols`` selects the item text
-    columns (default: every column of the items table except the id column).
+    Columns left ``None`` are detected (:mod:`genrec.data.columns`: MovieLens, RecBole, Amazon
+    reviews and genrec's own names). Each user's interactions are sorted by timestamp; ties keep
+    file order (stable sort). A table without a time column keeps each user's interactions in
+    file order (with a warning in the log). ``min_rating``: rows whose rating (``rating_col``, or
+    the detected rating column) is below it are dropped first. When ``items`` is given it defines
+    the catalog (items without interactions are kept) and every item id in the interactions must
+    appear in it; its id column is ``items_id_col``, else the interactions' item column, else
+    detected. ``text_cols`` selects the item text columns (default: :func:`text_columns`, every
+    non-id column that holds text); ``item_text`` keys drop RecBole ``:type`` suffixes.
     """
     inter_path = Path(interactions)
-    table = _read_table(inter_path, delimiter)
-    _require_columns(inter_path, table, [user_col, item_col, time_col])
-    users = [_id_str(v, inter_path, user_col, r) for r, v in enumerate(table[user_col])]
-    item_vals = [_id_str(v, inter_path, item_col, r) for r, v in enumerate(table[item_col])]
-    times = [_time_key(v, inter_path, time_col, r) for r, v in enumerate(table[time_col])]
-
-    item_text: dict[str, dict[str, str]] | None = None
-    if items is not None:
-        items_path = Path(items)
-        items_table = _read_table(items_path, delimiter)
-        id_col = items_id_col or item_col
-        cols = list(text_cols) if text_cols is not None else [c for c in items_table if c != id_col]
-        _require_columns(items_path, items_table, [id_col, *cols])
-        ids = [_id_str(v, items_path, id_col, r) for r, v in enumerate(items_table[id_col])]
-        dups = sorted(i for i, n in Counter(ids).items() if n > 1)
-        if dups:
-            raise ValueError(f"{items_path.name}: duplicate item ids: {_listing(dups)}")
-        unknown = _sorted_ids(set(item_vals) - set(ids))
-        if unknown:
-            raise ValueError(
-                f"{inter_path.name}: {len(unknown)} item ids not in items table "
-                f"{items_path.name}: {_listing(unknown)}"
-            )
-        item_text = {
-            iid: _text_fields({c: items_table[c][r] for c in cols}) for r, iid in enumerate(ids)
-        }
-        catalog = _sorted_ids(ids)
+    if items is None and (items_id_col is not None or text_cols is not None):
+        raise ValueError("items_id_col and text_cols (--items-id-col, --text-cols) describe an "
+                         "items table; give one (--items)")
+    if rating_col is not None and min_rating is None:
+        raise ValueError("rating_col (--rating-col) is read only to filter by min_rating "
+                         "(--min-rating); give both")
+    table = read_table(inter_path, delimiter)
+    where, names = inter_path.name, list(table)
+    user = str(find_column(names, "user", user_col, where=where))
+    item = str(find_column(names, "item", item_col, where=where))
+    time = find_column(names, "time", time_col, where=where, required=False)
+    rows = [parse_column(table, user, "id", inter_path),
+            parse_column(table, item, "id", inter_path)]
+    if time is None:
+        log.warning("%s: no time column (none of %s); each user's interactions keep their file "
+                    "order (name a time column with --time-col)", where,
+                    ", ".join(CANDIDATES["time"]))
+        rows.append([0.0] * len(rows[0]))
     else:
+        rows.append(parse_column(table, time, "time", inter_path))
+    rating = None
+    if min_rating is not None:
+        rating = str(find_column(names, "rating", rating_col, where=where,
+                                 purpose=f" (for --min-rating {min_rating:g})"))
+        keep = [r >= min_rating for r in parse_column(table, rating, "rating", inter_path)]
+        if rows[0] and not any(keep):
+            raise ValueError(f"{where}: no row has {rating} >= {min_rating:g}")
+        rows = [[v for v, k in zip(col, keep, strict=True) if k] for col in rows]
+    users, item_vals, times = rows
+    columns = TableColumns(user, item, time, rating, min_rating)
+    item_text: dict[str, dict[str, str]] | None = None
+    if items is None:
         catalog = _sorted_ids(item_vals)
+    else:
+        catalog, item_text, columns = _items_table(Path(items), delimiter, items_id_col,
+                                                   text_cols, columns)
+        unknown = _sorted_ids(set(item_vals) - set(item_text))
+        if unknown:
+            raise ValueError(f"{where}: {len(unknown)} item ids not in items table "
+                             f"{Path(items).name}: {_listing(unknown)}")
 
     item_index = {iid: i for i, iid in enumerate(catalog)}
     per_user: dict[str, list[tuple[float, int]]] = {}
@@ -338,7 +315,6 @@ def load_table_dataset(
         user_ids=user_ids,
         item_ids=catalog,
         item_index=item_index,
-        item_text=None
-        if item_text is None
-        else {item_index[k]: v for k, v in item_text.items()},
+        item_text=None if item_text is None else {item_index[k]: v for k, v in item_text.items()},
+        columns=columns,
     )

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from genrec.utils.cpu import aten_capability, cpu_features, kernel_march
+
 log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("cascade_attention.cpp")
@@ -29,8 +31,10 @@ _state: dict[str, Callable[..., torch.Tensor] | None] = {}
 
 
 def _flags() -> list[str]:
-    cap = torch.backends.cpu.get_cpu_capability()  # e.g. AVX512, AVX2, DEFAULT
-    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
+    # the instruction set genrec detected (not -march=native: the compiler's host may differ
+    # from the CPU torch runs on, under an emulator or a GENREC_CPU_ISA cap)
+    cap = aten_capability()  # ATen's vector headers: AVX512, AVX2 or DEFAULT
+    flags = ["-O3", *kernel_march(), "-fopenmp", "-shared", "-fPIC", "-std=c++17",
              f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
     if cap != "DEFAULT":
         flags += [f"-DCPU_CAPABILITY={cap}", f"-DCPU_CAPABILITY_{cap}"]
@@ -42,14 +46,18 @@ def _build(compiler: str) -> Path:
 
     flags = _flags()
     source = _SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(flags + [torch.__version__, compiler]).encode())
+    # one build per source, flags, torch, compiler and CPU (a shared home directory may serve
+    # machines of several kinds)
+    key = hashlib.sha256(source + " ".join(
+        flags + [torch.__version__, compiler, cpu_features().describe()]).encode())
     cache = Path(os.environ.get("GENREC_KERNEL_CACHE",
                                 Path.home() / ".cache" / "genrec" / "kernels"))
     target = cache / f"cascade_attention-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
     cache.mkdir(parents=True, exist_ok=True)
-    log.info("building genrec's CPU attention kernel into %s (once per machine)", cache)
+    log.info("building genrec's CPU attention kernel for %s into %s (once per machine)",
+             cpu_features().describe(), cache)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         built = Path(tmp) / target.name
         cmd = [compiler, *flags, *(f"-I{p}" for p in include_paths()), str(_SOURCE),

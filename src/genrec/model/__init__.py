@@ -7,6 +7,7 @@ from genrec.model.layout import AttentionLayout, build_layout
 from genrec.model.registry import build_model, register_architecture, registered_architectures
 
 register_architecture("Qwen3ForCausalLM", DecoderLM)
+register_architecture("Qwen2ForCausalLM", DecoderLM)
 register_architecture("LlamaForCausalLM", DecoderLM)
 
 __all__ = [

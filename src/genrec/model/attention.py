@@ -10,6 +10,7 @@ log-sum-exp, and merges them exactly:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -85,6 +86,19 @@ def _attend_math(
     return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
 
 
+@functools.cache
+def _cpu_flash_takes_gqa() -> bool:
+    # torch's CPU flash kernel reads grouped key heads correctly from some release on (2.13
+    # does, 2.6 returns garbage): probed once on a tiny input against the math path
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 3, 8, generator=g) for h in (4, 2, 2))
+    with torch.inference_mode():
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=None, scale=0.25)[:2]
+        ref, ref_lse = _attend_math(q, k, v, None, False, 0.25)
+    return bool(torch.allclose(out, ref, atol=1e-5) and torch.allclose(lse, ref_lse, atol=1e-5))
+
+
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
     causal: bool, scale: float,
@@ -98,6 +112,9 @@ def attend(
     # The fused CPU kernel gives no gradient through its log-sum-exp: train on the math path.
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
     if q.device.type == "cpu" and not needs_grad:
+        if k.shape[1] != q.shape[1] and not _cpu_flash_takes_gqa():
+            groups = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, causal, attn_mask=mask, scale=scale
         )

@@ -1,13 +1,15 @@
 """Strict loading and saving of Hugging Face checkpoint directories.
 
-A checkpoint is ``config.json`` plus ``*.safetensors`` (one file or shards) in HF naming, so
-transformers reads what genrec writes and vice versa. genrec's own additions (soft-token
-projector, score head) go to ``genrec_extra.safetensors`` beside them.
+A checkpoint is ``config.json`` plus ``*.safetensors`` (one file, or shards with
+``model.safetensors.index.json``) in HF naming, so transformers reads what genrec writes and
+vice versa. genrec's own additions (soft-token projector, score head) go to
+``genrec_extra.safetensors`` beside them.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -20,6 +22,8 @@ from genrec.model.registry import build_model
 from genrec.utils.atomic import atomic_write, atomic_write_json
 
 EXTRA_FILE = "genrec_extra.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+log = logging.getLogger(__name__)
 _HF_PREFIXES = ("model.", "lm_head.")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -36,15 +40,61 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     return _DTYPES[dtype]
 
 
-def _read_tensors(files: list[Path]) -> dict[str, torch.Tensor]:
+def _read_tensors(
+    files: list[Path], weight_map: dict[str, str] | None = None
+) -> dict[str, torch.Tensor]:
+    """Every tensor of ``files``; with an index's ``weight_map`` (tensor -> file name) each
+    tensor must be in exactly the file the map names, and every mapped tensor present."""
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():
                 if key in tensors:
                     raise CheckpointError(f"tensor {key!r} appears in more than one file")
+                if weight_map is not None and weight_map.get(key) != file.name:
+                    where = weight_map.get(key)
+                    raise CheckpointError(
+                        f"{file}: tensor {key!r} is not in {INDEX_FILE}'s weight_map"
+                        if where is None else
+                        f"{file}: tensor {key!r} is mapped to {where!r} by {INDEX_FILE}"
+                    )
                 tensors[key] = f.get_tensor(key)
+    absent = sorted(set(weight_map or {}) - set(tensors))
+    if absent:
+        more = f" ({len(absent) - 1} more tensors likewise)" if len(absent) > 1 else ""
+        raise CheckpointError(f"{INDEX_FILE} maps tensor {absent[0]!r} to "
+                              f"{weight_map[absent[0]]!r}, which does not hold it{more}")
     return tensors
+
+
+def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """The weight files of a checkpoint and its index's weight_map (None without index)."""
+    index = path / INDEX_FILE
+    if not index.is_file():
+        # model.safetensors or its shards (model-00001-of-00002.safetensors, ...); other
+        # safetensors files beside them (user vectors, item stores) are not weights
+        files = sorted(path.glob("model*.safetensors"))
+        if not files:
+            raise CheckpointError(f"{path}: no *.safetensors weights")
+        return files, None
+    if (path / "model.safetensors").is_file():
+        # transformers would read model.safetensors alone; a stale index is a trap either way
+        raise CheckpointError(f"{path}: both model.safetensors and {INDEX_FILE}; remove one")
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{index}: not a safetensors index with a weight_map ({e})") from e
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()
+    ):
+        raise CheckpointError(f"{index}: weight_map must map tensor names to file names")
+    names = sorted(set(weight_map.values()))
+    for name in names:
+        if Path(name).name != name:
+            raise CheckpointError(f"{index}: {name!r} is not a file name in {path}")
+        if not (path / name).is_file():
+            raise CheckpointError(f"{index}: shard {name!r} does not exist")
+    return [path / name for name in names], weight_map
 
 
 def _check_and_load(
@@ -64,10 +114,13 @@ def _check_and_load(
             raise CheckpointError(
                 f"{where}: {key} has shape {tuple(src.shape)}, model expects {tuple(target.shape)}"
             )
-        if not src.is_floating_point() or (declared is not None and src.dtype != declared):
-            raise CheckpointError(
-                f"{where}: {key} has dtype {src.dtype}, checkpoint declares {declared}"
-            )
+        if not src.is_floating_point():
+            raise CheckpointError(f"{where}: {key} has dtype {src.dtype}, not a floating type")
+    # stored dtypes other than the declared one are cast, as transformers does (said once)
+    stored = sorted({str(found[k].dtype) for k in expected} - {str(declared)})
+    if declared is not None and stored:
+        log.info("%s: tensors stored as %s, config declares %s; cast on load", where,
+                 ", ".join(stored), declared)
     with torch.no_grad():
         for key, target in expected.items():
             target.copy_(found[key].to(target.dtype))
@@ -76,8 +129,10 @@ def _check_and_load(
 def load_model(
     path: str | Path, dtype: str | torch.dtype | None = None, device: str | torch.device = "cpu"
 ) -> nn.Module:
-    """Load a checkpoint directory strictly; missing, unexpected, mis-shaped or mis-typed
-    tensors raise :class:`CheckpointError`. ``dtype`` defaults to the checkpoint's own."""
+    """Load a checkpoint directory strictly; missing, unexpected, mis-shaped or non-floating
+    tensors, and shards that disagree with their index, raise :class:`CheckpointError`.
+    ``dtype`` defaults to the checkpoint's declared one; floating tensors stored in another
+    dtype are cast to it (logged once at INFO)."""
     path = Path(path)
     config_file = path / "config.json"
     if not config_file.is_file():
@@ -85,18 +140,14 @@ def load_model(
     raw = json.loads(config_file.read_text())
     declared = parse_dtype(raw.get("dtype") or raw.get("torch_dtype"))
     config = ModelConfig.from_hf_dict(raw)
-    # Weights are model.safetensors or its shards (model-00001-of-00002.safetensors, ...);
-    # other safetensors files beside them (user vectors, item stores) are not weights.
-    files = sorted(path.glob("model*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{path}: no *.safetensors weights")
+    files, weight_map = _weight_files(path)
     target_dtype = parse_dtype(dtype) or declared or torch.float32
     model = build_model(config).to(target_dtype)
 
     state = model.state_dict()
     hf_expected = {k: v for k, v in state.items() if k.startswith(_HF_PREFIXES)}
     extra_expected = {k: v for k, v in state.items() if not k.startswith(_HF_PREFIXES)}
-    found = _read_tensors(files)
+    found = _read_tensors(files, weight_map)
     if config.tie_word_embeddings:
         hf_expected.pop("lm_head.weight", None)
         tied = found.pop("lm_head.weight", None)
@@ -121,6 +172,26 @@ def save_model(model: nn.Module, path: str | Path) -> None:
     extra = {k: v for k, v in state.items() if not k.startswith(_HF_PREFIXES)}
     dtype_name = {v: k for k, v in _DTYPES.items()}[model.dtype]
     atomic_write(path / "model.safetensors", lambda t: save_file(hf, t, metadata={"format": "pt"}))
+    _remove_stale_shards(path)
     if extra:
         atomic_write(path / EXTRA_FILE, lambda t: save_file(extra, t))
+    else:  # an earlier model's extras would not match this one
+        (path / EXTRA_FILE).unlink(missing_ok=True)
     atomic_write_json(path / "config.json", {**config.to_hf_dict(), "dtype": dtype_name})
+
+
+def _remove_stale_shards(path: Path) -> None:
+    # a sharded checkpoint saved over: its index and the shards it names go (after the new
+    # model.safetensors is in place), so the directory holds one set of weights
+    index = path / INDEX_FILE
+    if not index.is_file():
+        return
+    try:
+        shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+    except (ValueError, AttributeError):
+        shards = set()
+    index.unlink()
+    for name in shards:
+        shard = path / Path(str(name)).name
+        if shard.name != "model.safetensors":
+            shard.unlink(missing_ok=True)

@@ -1,4 +1,4 @@
-"""Qwen3 / Llama decoder in plain PyTorch over a packed batch with an attention layout."""
+"""Qwen3 / Qwen2 / Llama decoder in plain PyTorch over a packed batch with an attention layout."""
 
 from __future__ import annotations
 
@@ -36,11 +36,13 @@ class Attention(nn.Module):
         self.heads, self.kv_heads, self.head_dim = (
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         )
-        bias = cfg.attention_bias
+        # attention_bias: q, k, v and o biased (Llama, Qwen3); qkv_bias: q, k, v only (Qwen2)
+        bias = cfg.attention_bias or cfg.qkv_bias
         self.q_proj = nn.Linear(cfg.hidden_size, self.heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size,
+                                bias=cfg.attention_bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -193,7 +195,7 @@ class DecoderLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.user_projector = (
             SoftTokenProjector(cfg.user_dim, cfg.hidden_size) if cfg.user_dim else None
         )

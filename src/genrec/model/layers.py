@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import functools
-import os
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from genrec.model import rope
+from genrec.utils.cpu import bf16_products_native
 
 
 def _in_place(*xs: torch.Tensor) -> bool:
@@ -89,22 +91,36 @@ class RMSNorm(nn.Module):
 class Rotary(nn.Module):
     """Rotary position embedding for explicit integer positions (rotate-half convention).
 
-    The frequencies are computed in fp32 at each forward (head_dim / 2 values), never stored
-    in the model's dtype: a bf16 copy would make the angles drift with position.
+    ``scaling``: a canonical rope scaling (``ModelConfig.rope_scaling``, see
+    :mod:`genrec.model.rope`) or None. The frequencies are computed once in fp64, rounded to
+    fp32, and never stored in the model's dtype: a bf16 copy would make the angles drift with
+    position. A token's angles depend on its position alone (no batch-dependent scaling).
     """
 
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(self, head_dim: int, theta: float,
+                 scaling: dict[str, Any] | None = None) -> None:
         super().__init__()
-        self.head_dim, self.theta = head_dim, theta
+        self.head_dim, self.theta, self.scaling = head_dim, theta, scaling
+        with torch.inference_mode(False):  # normal tensors, usable under autograd too
+            self._inv_freq = rope.inv_freq(head_dim, theta, scaling).float()
+        self._on_device: dict[torch.device, torch.Tensor] = {}  # copies, no module state
+        self.attention_factor = rope.attention_factor(scaling)
 
     def inv_freq(self, device: torch.device) -> torch.Tensor:
-        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device)
-        return (1.0 / self.theta ** (exponent / self.head_dim)).float()
+        """The inverse frequencies [head_dim / 2], fp32 on ``device`` (copied there once)."""
+        cached = self._on_device.get(device)
+        if cached is None:
+            with torch.inference_mode(False):
+                cached = self._on_device[device] = self._inv_freq.to(device)
+        return cached
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """positions [T] -> cos, signed sin: [T, 1, head_dim] (signed: -sin on the first half)."""
+        """positions [T] -> cos, signed sin: [T, 1, head_dim] (signed: -sin on the first half),
+        both times the scaling's attention factor (yarn), as transformers applies it."""
         freqs = positions.float()[:, None] * self.inv_freq(positions.device)[None, :]
         cos, sin = freqs.cos(), freqs.sin()
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
         return (
             torch.cat((cos, cos), dim=-1).to(dtype)[:, None, :],
             torch.cat((-sin, sin), dim=-1).to(dtype)[:, None, :],
@@ -132,21 +148,13 @@ class SwiGLU(nn.Module):
         return linear(up, self.down_proj, add=residual, out_dtype=x.dtype)
 
 
-@functools.cache
-def _native_bf16() -> bool:
-    # bf16 instructions (AVX512-BF16 or AMX); torch's private probes, absent in other builds
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, name, lambda: True)() for name in probes)
-
-
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype genrec computes products of ``x`` (an activation or a weight) in: bf16 on a
     CPU without bf16 instructions runs in fp32 (inputs widen exactly and bf16 products
     accumulate in fp32 anyway; oneDNN would widen them too, about 5x slower); a layer's
     result is rounded back to bf16 (the residual stream and KV cache stay bf16).
-    ``GENREC_BF16_COMPUTE=native`` keeps bf16 products in bf16."""
-    if (x.dtype == torch.bfloat16 and x.device.type == "cpu" and not _native_bf16()
-            and os.environ.get("GENREC_BF16_COMPUTE", "fp32") != "native"):
+    ``GENREC_BF16_COMPUTE`` overrides the choice (see :mod:`genrec.utils.cpu`)."""
+    if x.dtype == torch.bfloat16 and x.device.type == "cpu" and not bf16_products_native():
         return torch.float32
     return x.dtype
 
