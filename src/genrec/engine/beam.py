@@ -33,8 +33,8 @@ def level_logprobs(
 ) -> torch.Tensor:
     """Full-vocabulary log-probabilities of the tokens ``offset .. offset+size-1``:
     hidden [N, H] -> [N, size] (fp32)."""
-    logits = model.logits(hidden)
-    return logits[:, offset : offset + size] - torch.logsumexp(logits, -1, True)
+    ids = torch.arange(offset, offset + size, device=hidden.device)
+    return model.label_logits(hidden, ids) - model.log_normalizer(hidden)[:, None]
 
 
 def search_layouts(

@@ -26,7 +26,7 @@ def read_scores(
         picked = model.label_logits(h, labels)  # [NB, K]
         if params.apply_softmax:
             return torch.softmax(picked, dim=-1)
-        return picked - torch.logsumexp(model.logits(h), dim=-1, keepdim=True)
+        return picked - model.log_normalizer(h)[:, None]
     if params.mode == "head":
         return model.score_head(hidden[last]).float()[:, 0]
     return _summed_loglik(model, hidden, batch)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from genrec.model import lm_head
 from genrec.model.attention import QueryTransform, fuses_queries, prefix_branch_attention
 from genrec.model.config import ModelConfig
 from genrec.model.kv_cache import KVCache
@@ -264,18 +265,15 @@ class DecoderLM(nn.Module):
 
     def label_logits(self, hidden: torch.Tensor, label_ids: torch.Tensor) -> torch.Tensor:
         """Logits of the given tokens only: [N, hidden], [K] -> [N, K] (fp32)."""
-        return (hidden @ self.lm_head.weight[label_ids].T).float()
+        dtype = compute_dtype(self.lm_head.weight)
+        return (hidden.to(dtype) @ self.lm_head.weight[label_ids].to(dtype).T).float()
 
-    def token_logprobs(
-        self, hidden: torch.Tensor, targets: torch.Tensor, chunk: int | None = None
-    ) -> torch.Tensor:
-        """log p(targets[i] | hidden[i]) over the full vocabulary, in chunks of rows: [N] fp32.
+    def log_normalizer(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Full-vocabulary log-sum-exp of the logits of hidden states [N, hidden] -> [N]
+        (fp32; tiled, see :mod:`genrec.model.lm_head`)."""
+        return lm_head.vocab_logsumexp(self.lm_head, hidden)
 
-        By default a chunk's logits hold about 4M values (128 rows of a 32k vocabulary): they
-        stay in the CPU caches for the log-sum-exp that reads them again."""
-        chunk = chunk or max(16, (4 << 20) // self.config.vocab_size)
-        out = []
-        for start in range(0, hidden.shape[0], chunk):
-            logp = F.log_softmax(self.logits(hidden[start : start + chunk]), dim=-1)
-            out.append(logp.gather(1, targets[start : start + chunk, None])[:, 0])
-        return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+    def token_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """log p(targets[i] | hidden[i]) over the full vocabulary: [N, hidden], [N] -> [N]
+        (fp32)."""
+        return lm_head.token_logprobs(self.lm_head, hidden, targets)

@@ -159,8 +159,10 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
-def _onednn_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    # x may be the fp32 result of a bf16 layer computed in fp32 (see compute_dtype)
+def onednn_inference(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``x @ weight.T`` runs as a oneDNN product with a packed weight (CPU inference
+    in fp32 or bf16, no autograd); x may be the fp32 result of a bf16 layer computed in fp32
+    (see :func:`compute_dtype`)."""
     return (
         x.device.type == "cpu"
         and (x.dtype == weight.dtype or x.dtype == compute_dtype(weight))
@@ -229,7 +231,7 @@ def fused_linear(
     fp32 matmul speed here), with ``in_scale`` folded in, and run as one product; otherwise
     plain ``F.linear`` per layer (training, other devices). ``owner`` holds the packed copy.
     """
-    if not _onednn_ok(x, layers[0].weight):
+    if not onednn_inference(x, layers[0].weight):
         outs = [F.linear(x, _weight(layer, in_scale), layer.bias) for layer in layers]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
     dtype = compute_dtype(layers[0].weight)
@@ -250,7 +252,7 @@ def linear(
     fused into the oneDNN product at CPU inference.
     """
     out_dtype = out_dtype or x.dtype
-    if not _onednn_ok(x, layer.weight):
+    if not onednn_inference(x, layer.weight):
         y = F.linear(x.to(layer.weight.dtype), _weight(layer, in_scale), layer.bias)
         y = F.silu(y) if silu else y
         y = y * mul if mul is not None else y
