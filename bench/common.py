@@ -284,10 +284,14 @@ class LineWorker:
         # not see its stdin close: end the group if this process exits without close()
         atexit.register(self._end_group)
 
-    def _end_group(self) -> None:
-        if self.proc.poll() is None:
-            for sig in (signal.SIGCONT, signal.SIGTERM):
+    def _end_group(self, sigs: tuple[int, ...] = (signal.SIGCONT, signal.SIGTERM)) -> None:
+        # the whole group: an engine's child processes can outlive the worker (a stopped or
+        # spinning leftover would load every later measurement on the machine)
+        for sig in sigs:
+            try:
                 os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
 
     def _signal(self, sig: int) -> None:
         if self.pause_when_idle and self.proc.poll() is None:
@@ -320,6 +324,7 @@ class LineWorker:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        self._end_group((signal.SIGCONT, signal.SIGKILL))
         self.log.close()
 
 

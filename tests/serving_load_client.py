@@ -9,8 +9,10 @@ is sent at once (C connections at most) and the client exits when all have answe
 the client writes ``OUT.json.started`` once its first answer arrived.
 
 OUT: one record per answer, ``{"k": plan index, "status": int, "retry_after": str | null,
-"json": body or null, "error": transport error or null}``. Only httpx and the standard
-library are used, so the process starts fast and shares nothing with the server.
+"json": body or null, "error": transport error or null, "w": worker (with ``until``), "t0",
+"t1": ``time.monotonic()`` when it was sent and answered}`` (on Linux the monotonic clock is
+the same in every process, so the test can place each answer in its phases). Only httpx and
+the standard library are used, so the process starts fast and shares nothing with the server.
 """
 
 from __future__ import annotations
@@ -26,16 +28,19 @@ import httpx
 
 
 async def one(client: httpx.AsyncClient, url: str, k: int, request: dict) -> dict:
+    t0 = time.monotonic()
     try:
         r = await client.post(url + request["path"], json=request["body"])
     except httpx.HTTPError as err:
-        return {"k": k, "status": 0, "retry_after": None, "json": None, "error": repr(err)}
+        return {"k": k, "status": 0, "retry_after": None, "json": None, "error": repr(err),
+                "t0": t0, "t1": time.monotonic()}
+    t1 = time.monotonic()
     try:
         body = r.json()
     except ValueError:
         body = None
     return {"k": k, "status": r.status_code, "retry_after": r.headers.get("retry-after"),
-            "json": body, "error": None}
+            "json": body, "error": None, "t0": t0, "t1": t1}
 
 
 async def run(url: str, plan: dict, out: Path) -> list[dict]:
@@ -54,7 +59,7 @@ async def run(url: str, plan: dict, out: Path) -> list[dict]:
         async def worker(w: int) -> None:
             k = w % len(requests)
             while not os.path.exists(stop) and time.monotonic() < end:
-                results.append(await one(client, url, k, requests[k]))
+                results.append({**await one(client, url, k, requests[k]), "w": w})
                 if not started.exists():
                     started.write_text("1")
                 k = (k + 1) % len(requests)

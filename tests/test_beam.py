@@ -84,7 +84,7 @@ def test_filters_that_remove_everything_give_an_empty_result(engine: Engine) -> 
         (RecommendRequest([]), BeamParams(), "empty history"),
         (RecommendRequest([1], exclude=[-1]), BeamParams(), "exclude: unknown item id -1"),
         (RecommendRequest([1]), BeamParams(beam_width=4, n=5), "must not exceed beam_width"),
-        (RecommendRequest([1]), BeamParams(beam_width=300, n=5), "over the limit of 256"),
+        (RecommendRequest([1]), BeamParams(beam_width=1100, n=5), "over the limit of 1024"),
         (RecommendRequest([1], user_vector=[1.0, 2.0]), BeamParams(), "dimension 5"),
     ],
 )

@@ -8,6 +8,7 @@ from genrec.catalog.semantic_ids import (
     SemanticIndex,
     build_semantic_index,
     dedup_level,
+    group_counter,
     load_sid_index,
 )
 
@@ -146,3 +147,8 @@ def test_load_sid_index_errors_and_collisions(tmp_path):
     index = load_sid_index(path, on_collision="dedup")
     assert index.codes.tolist() == [[0, 1, 0], [1, 1, 0], [0, 1, 1]]
     assert index.codebook_sizes == [2, 2, 2]
+
+
+def test_group_counter_matches_dedup_level_on_keys():
+    key = torch.tensor([7, 3, 7, 7, 3, 1])
+    assert group_counter(key).tolist() == [0, 0, 1, 2, 1, 0]

@@ -38,7 +38,7 @@ def test_recommend_defaults() -> None:
         ('{"history": [1], "user_vector": [Infinity]}', "user_vector.0"),
         ('{"history": [1], "user_vector": []}', "user_vector"),
         ('{"history": [1], "n": 0}', "n"),
-        ('{"history": [1], "beam_width": 257}', "beam_width"),
+        ('{"history": [1], "beam_width": 1025}', "beam_width"),
         ('{"history": [1], "deadline_ms": 0}', "deadline_ms"),
         ('{"history": [1], "colour": "red"}', "colour"),
         ("{}", "history"),

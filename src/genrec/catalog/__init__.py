@@ -8,26 +8,20 @@ from genrec.catalog.embeddings import (
     load_embeddings,
     save_embeddings,
 )
+from genrec.catalog.filters import PartFilter
 from genrec.catalog.kmeans import residual_kmeans
 from genrec.catalog.semantic_ids import SemanticIndex, build_semantic_index, load_sid_index
-from genrec.catalog.trie import (
-    SemanticTrie,
-    allowed_codes,
-    build_item_mask,
-    level_masks,
-)
+from genrec.catalog.trie import SemanticTrie
 
 __all__ = [
+    "PartFilter",
     "SemanticIndex",
     "SemanticTrie",
     "SentenceEncoder",
-    "allowed_codes",
-    "build_item_mask",
     "build_semantic_index",
     "encode_texts",
     "format_item_text",
     "item_texts",
-    "level_masks",
     "load_embeddings",
     "load_sid_index",
     "residual_kmeans",

@@ -197,25 +197,30 @@ def duplicate_groups(codes: torch.Tensor) -> list[list[int]]:
     return sorted(groups.values(), key=lambda g: (-len(g), g[0]))
 
 
-def dedup_level(codes: torch.Tensor) -> torch.Tensor:
-    """Counter among items sharing the same code row, in item order: [n, levels] -> [n].
-
-    Appending it as a last level makes every ID unique; its codebook size is ``max + 1``.
-    """
-    n = codes.shape[0]
-    if n == 0:
-        return torch.zeros(0, dtype=torch.int64, device=codes.device)
-    _, inverse = torch.unique(codes, dim=0, return_inverse=True)
-    # stable sort by group keeps item order inside each group
-    order = torch.sort(inverse, stable=True).indices
-    grouped = inverse[order]
-    pos = torch.arange(n, device=codes.device)
-    is_start = torch.ones(n, dtype=torch.bool, device=codes.device)
+def group_counter(key: torch.Tensor) -> torch.Tensor:
+    """Counter among rows sharing the same ``key``, in row order: int64 [n] -> [n]."""
+    n = key.shape[0]
+    # stable sort by key keeps row order inside each group
+    order = torch.sort(key, stable=True).indices
+    grouped = key[order]
+    pos = torch.arange(n, device=key.device)
+    is_start = torch.ones(n, dtype=torch.bool, device=key.device)
     is_start[1:] = grouped[1:] != grouped[:-1]
     start = torch.cummax(torch.where(is_start, pos, torch.zeros_like(pos)), dim=0).values
     counter = torch.empty_like(pos)
     counter[order] = pos - start
     return counter
+
+
+def dedup_level(codes: torch.Tensor) -> torch.Tensor:
+    """Counter among items sharing the same code row, in item order: [n, levels] -> [n].
+
+    Appending it as a last level makes every ID unique; its codebook size is ``max + 1``.
+    """
+    if codes.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.int64, device=codes.device)
+    _, inverse = torch.unique(codes, dim=0, return_inverse=True)
+    return group_counter(inverse)
 
 
 def with_dedup_level(codes: torch.Tensor, codebook_sizes: Sequence[int]) -> SemanticIndex:

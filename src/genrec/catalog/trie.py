@@ -1,16 +1,27 @@
-"""Prefix trie over Semantic IDs as dense per-level tensors (STATIC-style) for constrained decoding.
+"""Prefix trie over Semantic IDs for constrained decoding: per level a dense table or CSR rows.
 
-Level ``l`` has ``num_nodes_l`` nodes (one per distinct ID prefix of length ``l``; level 0 has
-the single root node 0) and ``K_l`` possible codes. Nodes are numbered in lexicographic order of
-their prefixes, and items are also ranked lexicographically by ID, so every (node, code) slot
-covers a contiguous range ``[slot_start, slot_end)`` of ranked items. That makes "is some allowed
-item under this node" a prefix-sum lookup, see :func:`level_masks` and :func:`allowed_codes`.
+Items are ranked in lexicographic order of their IDs. Level ``l`` has one node per distinct ID
+prefix of length ``l`` (level 0: the root), numbered in that order, and each node's *edges*
+(code -> child) are its distinct next codes in increasing order, numbered level-wide in the
+same order. That numbering gives three invariants the search relies on:
 
-All per-level functions work on the device of the trie and the given tensors (no host syncs).
+* the child of edge ``e`` at level ``l`` is node ``e`` at level ``l + 1``;
+* at the last level, edge ``e`` is the item of rank ``e``;
+* the items under edge ``e`` at level ``l`` are the ranks ``[first(e), first(e + 1))``, where
+  ``first`` follows the row starts down to the last level (:meth:`SemanticTrie.edge_ranks`).
+
+Storage (STATIC-style): every level keeps its row starts ``row_ptr`` [nodes + 1]; a level whose
+``nodes x K`` table is small or well filled also keeps it dense (``table`` [nodes, K]: edge id or
+-1), a sparse one keeps only its edges' codes in CSR order (``codes`` [edges]). Indices are
+int32 where they fit. About 15 bytes per item at 10M items with 3 x 256 codes plus a dedup
+level, against about 300 for a dense table per level.
+
+Every per-step function works on the trie's device without host syncs.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,28 +29,75 @@ import torch
 
 from genrec.catalog.semantic_ids import SemanticIndex
 
+# A level stays dense when its table has at most this many slots, or is at least 1/4 full.
+_DENSE_SLOTS = 1 << 20
+_DENSE_FILL = 0.25
 
-@dataclass
+
+def _index_dtype(limit: int) -> torch.dtype:
+    return torch.int32 if limit < 2**31 - 1 else torch.int64
+
+
+@dataclass(frozen=True)
+class TrieLevel:
+    """One level: ``row_ptr`` [nodes + 1] (node n's edges are ``row_ptr[n] .. row_ptr[n+1]``),
+    and ``table`` [nodes, K] (edge id or -1; dense levels) or ``codes`` [edges] (sparse levels).
+    ``max_degree``: the most edges of one node (a Python int, fixed at build)."""
+
+    size: int
+    row_ptr: torch.Tensor
+    table: torch.Tensor | None
+    codes: torch.Tensor | None
+    max_degree: int
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.row_ptr.shape[0]) - 1
+
+    @property
+    def dense(self) -> bool:
+        return self.table is not None
+
+    def to(self, device: torch.device | str) -> TrieLevel:
+        def mv(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device)
+
+        return TrieLevel(self.size, self.row_ptr.to(device), mv(self.table), mv(self.codes),
+                         self.max_degree)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.row_ptr, self.table, self.codes)
+                   if t is not None)
+
+
+def _lex_order(codes: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    # ranked order of the rows of codes [N, L]: one sort of a mixed-radix key where it fits in
+    # int64, else stable sorts from the last level to the first
+    if math.prod(sizes) < 2**62:
+        key = torch.zeros(codes.shape[0], dtype=torch.int64, device=codes.device)
+        for level, k in enumerate(sizes):
+            key = key * k + codes[:, level]
+        return torch.argsort(key)
+    order = torch.arange(codes.shape[0], device=codes.device)
+    for level in reversed(range(len(sizes))):
+        order = order[torch.sort(codes[order, level], stable=True).indices]
+    return order
+
+
+@dataclass(frozen=True)
 class SemanticTrie:
-    """Dense trie tensors; ``L`` = number of levels, ``N`` = number of items.
+    """The trie of a set of items (see the module docstring); ``N`` = number of items.
 
-    * ``allowed[l]``: bool [num_nodes_l, K_l], whether code ``c`` continues some item's ID;
-    * ``child[l]`` (``l < L-1``): int64 [num_nodes_l, K_l], node at level l+1 or -1;
-    * ``leaf_item``: int64 [num_nodes_{L-1}, K_{L-1}], item index at the last level or -1;
-    * ``item_node[l]``: int64 [N], node at level l on each item's path;
-    * ``rank``: int64 [N], lexicographic rank of each item's ID (``order`` is its inverse);
-    * ``slot_start[l]`` / ``slot_end[l]``: int64 [num_nodes_l, K_l], ranked item range per slot.
+    ``order`` [N]: the item id of each rank. ``rank_items`` / ``rank_values``: item ids sorted
+    and their ranks (item -> rank by binary search; ``rank_items`` is ``None`` when the items are
+    exactly ``0 .. N-1``, then ``rank_values[item]`` is the rank).
     """
 
     codebook_sizes: list[int]
-    allowed: list[torch.Tensor]
-    child: list[torch.Tensor]
-    leaf_item: torch.Tensor
-    item_node: list[torch.Tensor]
-    rank: torch.Tensor
+    levels: list[TrieLevel]
     order: torch.Tensor
-    slot_start: list[torch.Tensor]
-    slot_end: list[torch.Tensor]
+    rank_items: torch.Tensor | None
+    rank_values: torch.Tensor
 
     @property
     def num_levels(self) -> int:
@@ -49,189 +107,171 @@ class SemanticTrie:
     @property
     def num_items(self) -> int:
         """Number of items (leaves)."""
-        return int(self.rank.shape[0])
+        return int(self.order.shape[0])
 
     @property
     def device(self) -> torch.device:
         """Device of the trie tensors."""
-        return self.rank.device
+        return self.order.device
+
+    def nbytes(self) -> int:
+        """Bytes held by the trie's tensors."""
+        extra = [t for t in (self.order, self.rank_items, self.rank_values) if t is not None]
+        return sum(level.nbytes() for level in self.levels) + sum(
+            t.numel() * t.element_size() for t in extra)
 
     @classmethod
     def from_index(cls, index: SemanticIndex) -> SemanticTrie:
-        """Build the trie of a :class:`SemanticIndex` (on the device of its codes)."""
+        """Build the trie of a :class:`SemanticIndex` (items ``0 .. N-1``)."""
         return cls.from_codes(index.codes, index.codebook_sizes)
 
     @classmethod
-    def from_codes(cls, codes: torch.Tensor, codebook_sizes: Sequence[int]) -> SemanticTrie:
-        """Build from codes int64 [N, L]; IDs must be unique and within ``codebook_sizes``."""
-        codes = codes.to(torch.int64)
+    def from_codes(
+        cls, codes: torch.Tensor, codebook_sizes: Sequence[int],
+        items: torch.Tensor | None = None,
+    ) -> SemanticTrie:
+        """Build from codes [N, L] of items ``items`` [N] (default ``0 .. N-1``, on the codes'
+        device). IDs must be unique and within ``codebook_sizes``."""
+        codes = torch.as_tensor(codes).to(torch.int64)
         sizes = [int(k) for k in codebook_sizes]
-        n, levels = codes.shape
+        n, n_levels = codes.shape
         if n == 0:
             raise ValueError("cannot build a trie over an empty catalog")
-        if levels != len(sizes) or levels == 0:
-            raise ValueError(f"codes [{n}, {levels}] do not match codebook sizes {sizes}")
+        if n_levels != len(sizes) or n_levels == 0:
+            raise ValueError(f"codes [{n}, {n_levels}] do not match codebook sizes {sizes}")
         dev = codes.device
-        limit = torch.tensor(sizes, device=dev)
-        if bool(((codes < 0) | (codes >= limit)).any()):
+        if bool(((codes < 0) | (codes >= torch.tensor(sizes, device=dev))).any()):
             raise ValueError(f"codes outside the codebook sizes {sizes}")
-        uniq, rank = torch.unique(codes, dim=0, return_inverse=True)
-        if uniq.shape[0] != n:
-            raise ValueError(f"{n - uniq.shape[0]} duplicate Semantic IDs; IDs must be unique")
-        order = torch.empty_like(rank)
-        order[rank] = torch.arange(n, device=dev)
-        # ranked codes are sorted lexicographically
+        order = _lex_order(codes, sizes)
         ranked = codes[order]
-        item_node = [torch.zeros(n, dtype=torch.int64, device=dev)]
-        num_nodes = [1]
-        for level in range(1, levels):
-            _, inv = torch.unique(codes[:, :level], dim=0, return_inverse=True)
-            item_node.append(inv)
-            num_nodes.append(int(inv.max()) + 1)
-        allowed, child, slot_start, slot_end = [], [], [], []
+        # starts[l][i]: ranked item i begins a new prefix of length l + 1
+        new = torch.zeros(n, dtype=torch.bool, device=dev)
+        new[0] = True
+        levels, nodes = [], 1
+        node_of = torch.zeros(n, dtype=torch.int64, device=dev)  # node at level l per item
         for level, k in enumerate(sizes):
-            node, code = item_node[level], codes[:, level]
-            shape = (num_nodes[level], k)
-            mask = torch.zeros(shape, dtype=torch.bool, device=dev)
-            mask[node, code] = True
-            allowed.append(mask)
-            target = torch.full(shape, -1, dtype=torch.int64, device=dev)
-            if level + 1 < levels:
-                target[node, code] = item_node[level + 1]
-                child.append(target)
+            step = torch.ones(n, dtype=torch.bool, device=dev)
+            step[1:] = ranked[1:, level] != ranked[:-1, level]
+            new = new | step
+            if level + 1 == n_levels and not bool(new.all()):
+                raise ValueError(f"{n - int(new.sum())} duplicate Semantic IDs; IDs must be "
+                                 "unique")
+            edge_pos = torch.nonzero(new).flatten()  # first ranked item under each edge
+            parent = node_of[edge_pos]
+            counts = torch.bincount(parent, minlength=nodes)
+            itype = _index_dtype(edge_pos.numel() + 1)
+            row_ptr = torch.zeros(nodes + 1, dtype=itype, device=dev)
+            row_ptr[1:] = torch.cumsum(counts, 0).to(itype)
+            edge_codes = ranked[edge_pos, level]
+            table = codes_out = None
+            if nodes * k <= _DENSE_SLOTS or edge_pos.numel() >= _DENSE_FILL * nodes * k:
+                table = torch.full((nodes, k), -1, dtype=itype, device=dev)
+                table[parent, edge_codes] = torch.arange(edge_pos.numel(), device=dev,
+                                                         dtype=itype)
             else:
-                target[node, code] = torch.arange(n, device=dev)
-                leaf_item = target
-            # slot ids are non-decreasing along the ranked items
-            slots = item_node[level][order] * k + ranked[:, level]
-            all_slots = torch.arange(shape[0] * k, device=dev)
-            slot_start.append(torch.searchsorted(slots, all_slots).view(shape))
-            slot_end.append(torch.searchsorted(slots, all_slots, right=True).view(shape))
-        return cls(sizes, allowed, child, leaf_item, item_node, rank, order, slot_start, slot_end)
+                codes_out = edge_codes.to(torch.int16 if k <= 2**15 - 1 else torch.int32)
+            levels.append(TrieLevel(k, row_ptr, table, codes_out, int(counts.max())))
+            node_of = torch.cumsum(new.to(torch.int64), 0) - 1
+            nodes = int(edge_pos.numel())
+        itype = _index_dtype(n + 1)
+        if items is None:
+            item_of_rank = order.to(itype)
+            rank_items, rank_values = None, torch.empty(n, dtype=itype, device=dev)
+            rank_values[order] = torch.arange(n, dtype=itype, device=dev)
+        else:
+            items = torch.as_tensor(items, device=dev).to(torch.int64)
+            if items.shape != (n,):
+                raise ValueError(f"items must be [{n}], got {tuple(items.shape)}")
+            item_of_rank = items[order]
+            sorted_items, by_item = torch.sort(items)
+            if n > 1 and bool((sorted_items[1:] == sorted_items[:-1]).any()):
+                raise ValueError("item ids of a trie must be unique")
+            ranks = torch.empty(n, dtype=torch.int64, device=dev)
+            ranks[order] = torch.arange(n, device=dev)
+            rank_items, rank_values = sorted_items, ranks[by_item].to(itype)
+        return cls(sizes, levels, item_of_rank, rank_items, rank_values)
 
     def to(self, device: torch.device | str) -> SemanticTrie:
         """A copy with every tensor on ``device``."""
-
-        def mv(ts: list[torch.Tensor]) -> list[torch.Tensor]:
-            return [t.to(device) for t in ts]
-
         return SemanticTrie(
-            self.codebook_sizes,
-            mv(self.allowed),
-            mv(self.child),
-            self.leaf_item.to(device),
-            mv(self.item_node),
-            self.rank.to(device),
+            self.codebook_sizes, [level.to(device) for level in self.levels],
             self.order.to(device),
-            mv(self.slot_start),
-            mv(self.slot_end),
+            None if self.rank_items is None else self.rank_items.to(device),
+            self.rank_values.to(device),
         )
 
+    # -- per beam step ----------------------------------------------------------------------
+
+    def expand(self, level: int, nodes: torch.Tensor) -> torch.Tensor:
+        """The edges of ``nodes`` [...] (level-``level`` node ids, negative: none) by code:
+        int64 [..., K] (edge id, -1 where the node has no such code)."""
+        lv = self.levels[level]
+        valid = nodes >= 0
+        safe = nodes.clamp(min=0).to(torch.int64)
+        if lv.table is not None:
+            edges = lv.table[safe].to(torch.int64)
+            return edges.masked_fill(~valid[..., None], -1)
+        start = lv.row_ptr[safe].to(torch.int64)
+        degree = torch.where(valid, lv.row_ptr[safe + 1].to(torch.int64) - start, 0)
+        steps = torch.arange(max(lv.max_degree, 1), device=nodes.device)
+        ok = steps < degree[..., None]  # [..., D]
+        edge = start[..., None] + steps
+        code = lv.codes[edge.clamp(max=lv.codes.shape[0] - 1)].to(torch.int64)
+        out = torch.full((*nodes.shape, lv.size + 1), -1, dtype=torch.int64,
+                         device=nodes.device)
+        # edges a node lacks go to the spare column K, dropped below
+        out.scatter_(-1, torch.where(ok, code, lv.size), torch.where(ok, edge, -1))
+        return out[..., : lv.size]
+
+    def edge_ranks(self, level: int, edges: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ranked items under ``edges`` (level-``level`` edge ids >= 0): ``[start, end)``,
+        int64, both shaped like ``edges``."""
+        start, end = edges.to(torch.int64), edges.to(torch.int64) + 1
+        for deeper in self.levels[level + 1 :]:
+            start = deeper.row_ptr[start].to(torch.int64)
+            end = deeper.row_ptr[end].to(torch.int64)
+        return start, end
+
+    def leaf_items(self, edges: torch.Tensor) -> torch.Tensor:
+        """Item ids of last-level edges (-1 where the edge is negative): int64, same shape."""
+        items = self.order[edges.clamp(min=0)].to(torch.int64)
+        return items.masked_fill(edges < 0, -1)
+
+    # -- lookups ----------------------------------------------------------------------------
+
+    def ranks(self, items: torch.Tensor) -> torch.Tensor:
+        """Rank of each item id [...] in this trie, -1 where the trie does not hold it."""
+        items = items.to(device=self.device, dtype=torch.int64)
+        n = self.num_items
+        if self.rank_items is None:
+            ok = (items >= 0) & (items < n)
+            return torch.where(ok, self.rank_values[items.clamp(0, n - 1)].to(torch.int64), -1)
+        pos = torch.searchsorted(self.rank_items, items).clamp(max=n - 1)
+        ok = self.rank_items[pos] == items
+        return torch.where(ok, self.rank_values[pos].to(torch.int64), -1)
+
+    def child(self, level: int, nodes: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        """The edge of each node [M] for its code [M] (int64, -1 where the node is negative
+        or has no such code): one table read per dense level, ``max_degree`` reads of the
+        node's row per CSR level (not ``K`` as with :meth:`expand`)."""
+        lv = self.levels[level]
+        ok = (nodes >= 0) & (codes >= 0) & (codes < lv.size)
+        safe = nodes.clamp(min=0)
+        if lv.table is not None:
+            edge = lv.table[safe, codes.clamp(0, lv.size - 1)].to(torch.int64)
+            return torch.where(ok, edge, -1)
+        start = lv.row_ptr[safe].to(torch.int64)
+        degree = lv.row_ptr[safe + 1].to(torch.int64) - start
+        steps = torch.arange(max(lv.max_degree, 1), device=nodes.device)
+        edge = start[:, None] + steps  # [M, D]
+        row_code = lv.codes[edge.clamp(max=lv.codes.shape[0] - 1)].to(torch.int64)
+        hit = (steps < degree[:, None]) & (row_code == codes[:, None]) & ok[:, None]
+        return torch.where(hit, edge, -1).amax(dim=1)
+
     def lookup(self, codes: torch.Tensor) -> torch.Tensor:
-        """Item index of each code tuple [..., L] -> int64 [...], -1 where no item has that ID."""
+        """Item id of each code tuple [..., L] -> int64 [...], -1 where no item has that ID."""
         flat = codes.reshape(-1, self.num_levels).to(device=self.device, dtype=torch.int64)
         node = torch.zeros(flat.shape[0], dtype=torch.int64, device=self.device)
-        ok = torch.ones(flat.shape[0], dtype=torch.bool, device=self.device)
-        for level, k in enumerate(self.codebook_sizes):
-            code = flat[:, level]
-            ok = ok & (code >= 0) & (code < k)
-            code = code.clamp(0, k - 1)
-            table = self.child[level] if level + 1 < self.num_levels else self.leaf_item
-            nxt = table[node, code]
-            ok = ok & (nxt >= 0)
-            node = nxt.clamp(min=0)
-        item = torch.where(ok, node, torch.full_like(node, -1))
-        return item.reshape(codes.shape[:-1])
-
-
-def build_item_mask(
-    num_items: int,
-    allow: Sequence[Sequence[int] | None] | None = None,
-    exclude: Sequence[Sequence[int] | None] | None = None,
-    num_requests: int | None = None,
-    device: torch.device | str | None = None,
-    active: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Per-request item mask bool [R, num_items] from allow lists and exclude lists.
-
-    A request with an allow list (not ``None``) may only return those items; otherwise every
-    item. Items in its exclude list are then removed, and so are, for every request, the items
-    that ``active`` (bool [num_items], the catalog's live items) marks False. ``R`` is the
-    length of the given lists.
-    """
-    lengths = {len(x) for x in (allow, exclude) if x is not None}
-    if num_requests is not None:
-        lengths.add(num_requests)
-    if len(lengths) > 1:
-        raise ValueError(f"allow/exclude/num_requests disagree on the request count: {lengths}")
-    r = lengths.pop() if lengths else 1
-
-    def flat(lists: Sequence[Sequence[int] | None], what: str) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = [i for i, items in enumerate(lists) for _ in items or ()]
-        cols = [int(j) for items in lists for j in items or ()]
-        bad = [(i, j) for i, j in zip(rows, cols, strict=True) if not 0 <= j < num_items]
-        if bad:
-            raise ValueError(f"{what} list of request {bad[0][0]} has item {bad[0][1]} "
-                             f"outside 0..{num_items - 1}")
-        return (torch.tensor(rows, dtype=torch.int64, device=device),
-                torch.tensor(cols, dtype=torch.int64, device=device))
-
-    mask = torch.ones(r, num_items, dtype=torch.bool, device=device)
-    if allow is not None:
-        restricted = torch.tensor([a is not None for a in allow], dtype=torch.bool, device=device)
-        mask[restricted] = False
-        mask[flat(allow, "allow")] = True
-    if exclude is not None:
-        mask[flat(exclude, "exclude")] = False
-    if active is not None:
-        mask &= active.to(device=mask.device, dtype=torch.bool)
-    return mask
-
-
-def ranked_prefix_counts(trie: SemanticTrie, item_mask: torch.Tensor) -> torch.Tensor:
-    """Prefix sums of the item mask in ranked order: bool [R, N] -> int64 [R, N + 1]."""
-    ranked = item_mask[:, trie.order].to(torch.int64)
-    return torch.nn.functional.pad(torch.cumsum(ranked, dim=1), (1, 0))
-
-
-def level_masks(trie: SemanticTrie, item_mask: torch.Tensor) -> list[torch.Tensor]:
-    """Per-request allowed codes at every level: item mask bool [R, N] -> level l: [R, n_l, K_l].
-
-    Slot (node, code) is allowed iff some allowed item lies under it. Memory is
-    ``R * num_nodes_l * K_l`` per level; for beam search prefer :func:`allowed_codes`.
-    """
-    counts = ranked_prefix_counts(trie, item_mask)
-    r = item_mask.shape[0]
-    out = []
-    for start, end in zip(trie.slot_start, trie.slot_end, strict=True):
-        s = counts.gather(1, start.reshape(1, -1).expand(r, -1))
-        e = counts.gather(1, end.reshape(1, -1).expand(r, -1))
-        out.append((e > s).view(r, *start.shape))
-    return out
-
-
-def allowed_codes(
-    trie: SemanticTrie,
-    level: int,
-    nodes: torch.Tensor,
-    item_mask: torch.Tensor | None = None,
-    counts: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Allowed next codes for the current nodes of each request's beams.
-
-    ``nodes``: int64 [R, B] node ids at ``level`` (negative = dead beam, nothing allowed).
-    ``item_mask``: bool [R, N] or ``None`` (only the trie constraint); ``counts`` may pass the
-    precomputed :func:`ranked_prefix_counts` to reuse it across levels. Returns bool [R, B, K_l].
-    """
-    r, b = nodes.shape
-    valid = (nodes >= 0)[..., None]
-    safe = nodes.clamp(min=0)
-    if item_mask is None and counts is None:
-        return trie.allowed[level][safe] & valid
-    if counts is None:
-        counts = ranked_prefix_counts(trie, item_mask)
-    # [R, B, K] ranked item ranges of the candidate slots
-    start = trie.slot_start[level][safe].reshape(r, -1)
-    end = trie.slot_end[level][safe].reshape(r, -1)
-    ok = counts.gather(1, end) > counts.gather(1, start)
-    return ok.view(r, b, -1) & valid
+        for level in range(self.num_levels):
+            node = self.child(level, node, flat[:, level])
+        return self.leaf_items(node).reshape(codes.shape[:-1])

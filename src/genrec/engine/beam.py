@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from genrec.catalog.trie import SemanticTrie, allowed_codes
+from genrec.catalog.filters import PartFilter
+from genrec.catalog.trie import SemanticTrie
 from genrec.model.decoder import DecoderLM
 from genrec.model.layout import AttentionLayout, Readout, prefix_last_layout, shared_layout
 
@@ -59,24 +61,27 @@ def search_layouts(
 @torch.inference_mode()
 def constrained_beam_search(
     model: DecoderLM,
-    trie: SemanticTrie,
+    parts: list[SemanticTrie],
+    filters: list[PartFilter],
     level_offsets: list[int],
     embeds: torch.Tensor,
     prefix_layout: AttentionLayout,
     prefix_last: torch.Tensor,
     beam_width: int,
-    item_counts: torch.Tensor | None = None,
 ) -> BeamResult:
-    """Beam search of width ``beam_width`` over the trie's levels for a batch of prefixes.
+    """Beam search of width ``beam_width`` over the catalog's tries for a batch of prefixes.
 
-    ``embeds`` [T, H] and ``prefix_layout`` (prefixes only, on the model's device) describe the
-    prompts; ``prefix_last`` [R] is each prompt's last packed row. ``item_counts`` (from
-    :func:`genrec.catalog.trie.ranked_prefix_counts`) applies per-request item filters.
-    Scores are summed full-vocabulary log-probabilities, so with ``beam_width`` >= the number
-    of allowed items the result is the exact top of all items.
+    ``parts``: the tries searched together (a catalog's base and delta; a prefix present in
+    both is one beam holding a node of each), ``filters`` what each may return
+    (:class:`~genrec.catalog.filters.PartFilter`). ``embeds`` [T, H] and ``prefix_layout``
+    (prefixes only, on the model's device) describe the prompts; ``prefix_last`` [R] is each
+    prompt's last packed row. Scores are summed full-vocabulary log-probabilities and a code is
+    allowed only where some returnable item lies below it, so with ``beam_width`` >= the
+    number of allowed items the result is the exact top of all items.
     """
     device = embeds.device
-    n_req, width, levels = prefix_layout.num_requests, beam_width, trie.num_levels
+    sizes = parts[0].codebook_sizes
+    n_req, width, levels = prefix_layout.num_requests, beam_width, len(sizes)
     readout_layout, layouts = search_layouts(
         prefix_layout.prefix_len.tolist(), prefix_layout.prefix_cap, width, levels, device
     )
@@ -86,35 +91,41 @@ def constrained_beam_search(
     hidden = model(embeds, prefix_layout.positions, prefix_layout, cache, readout=readout)
     rows = torch.arange(n_req, device=device)[:, None] * width  # [R, 1] first beam of each
 
-    # Level 0: every request starts from the root with one live beam.
-    logp = level_logprobs(model, hidden, level_offsets[0], trie.codebook_sizes[0])
-    nodes = torch.zeros(n_req, 1, dtype=torch.long, device=device)
+    # Level 0: every request starts from the root (node 0 of every part) with one live beam.
+    logp = level_logprobs(model, hidden, level_offsets[0], sizes[0])
+    nodes = [torch.zeros(n_req, 1, dtype=torch.long, device=device) for _ in parts]
     scores = torch.zeros(n_req, 1, device=device)
     for level in range(levels):
-        size = trie.codebook_sizes[level]
-        ok = allowed_codes(trie, level, nodes, counts=item_counts)  # [R, b, K]
-        cand = scores[:, :, None] + torch.where(ok, logp.view(ok.shape), _NEG_INF)
-        top, idx = cand.view(n_req, -1).topk(min(width, cand[0].numel()), dim=1)  # [R, B]
+        size, beams = sizes[level], scores.shape[1]
+        # per part: the edge of each (beam, code), -1 where it leads to no returnable item
+        edges = [torch.where(flt.live(part, level, e), e, -1) for part, flt, e in
+                 ((p, f, p.expand(level, n)) for p, f, n in zip(parts, filters, nodes,
+                                                                strict=True))]
+        ok = edges[0] >= 0
+        for e in edges[1:]:
+            ok = ok | (e >= 0)
+        cand = scores[:, :, None] + torch.where(ok, logp.view(n_req, beams, size), _NEG_INF)
+        top, idx = cand.view(n_req, -1).topk(min(width, beams * size), dim=1)  # [R, B]
         parent, code = idx // size, idx % size
-        prev = nodes.gather(1, parent).clamp(min=0)
         dead = torch.isinf(top)
-        table = trie.child[level] if level + 1 < levels else trie.leaf_item
-        nodes = table[prev, code].masked_fill(dead, -1)
+        # edge id at level l == node id at level l + 1 (see catalog.trie)
+        nodes = [e.view(n_req, -1).gather(1, idx).to(torch.long).masked_fill(dead, -1)
+                 for e in edges]
         scores = top
         if level + 1 == levels:
             break
         if top.shape[1] < width:  # level 0 had fewer codes than beams: pad with dead beams
             pad = width - top.shape[1]
-            nodes = torch.nn.functional.pad(nodes, (0, pad), value=-1)
-            scores = torch.nn.functional.pad(scores, (0, pad), value=_NEG_INF)
-            parent = torch.nn.functional.pad(parent, (0, pad))
-            code = torch.nn.functional.pad(code, (0, pad))
+            nodes = [F.pad(n, (0, pad), value=-1) for n in nodes]
+            scores = F.pad(scores, (0, pad), value=_NEG_INF)
+            parent, code = F.pad(parent, (0, pad)), F.pad(code, (0, pad))
         if level > 0:
             cache.reorder_branches((rows + parent).reshape(-1))
         tokens = (code + level_offsets[level]).reshape(-1)
         layout = layouts[level]
         hidden = model(model.model.embed_tokens(tokens), layout.positions, layout, cache)
-        logp = level_logprobs(
-            model, hidden, level_offsets[level + 1], trie.codebook_sizes[level + 1]
-        )
-    return BeamResult(items=nodes, scores=scores)
+        logp = level_logprobs(model, hidden, level_offsets[level + 1], sizes[level + 1])
+    items = parts[0].leaf_items(nodes[0])
+    for part, n in zip(parts[1:], nodes[1:], strict=True):
+        items = torch.where(n >= 0, part.leaf_items(n), items)
+    return BeamResult(items=items, scores=scores)

@@ -1,175 +1,249 @@
-"""The generative catalog an engine serves, as one immutable state: the Semantic-ID vocabulary
-(its :class:`SemanticIndex`), the dense trie built from it and the mask of live items.
+"""The generative catalog an engine serves, as one immutable state: a *base* (the Semantic-ID
+vocabulary and its trie at the last compaction) plus a small *delta* of the changes since.
 
-A live update (:meth:`CatalogState.updated`) validates everything, builds a complete new state
-(new index, new trie, new mask) and the engine installs it with one reference assignment
-(:meth:`genrec.engine.Engine.set_catalog`). ``Engine.recommend`` reads the state once, so a call
-running during an update uses the old catalog or the new one throughout, never a mix.
+A live update (:meth:`CatalogState.updated`, in ``catalog_update.py``) costs what it changes:
+items given a new or changed Semantic ID go to the delta (its own small trie, rebuilt per
+update), their base leaves and the retired items become *dead* ranks (sorted lists the search
+skips, see :mod:`genrec.catalog.filters`). Nothing of size N is copied or rebuilt. The engine
+installs the new state with one reference assignment (:meth:`genrec.engine.Engine.set_catalog`)
+and ``Engine.recommend`` reads it once, so a call running during an update uses the old catalog
+or the new one throughout. :meth:`compacted` folds the delta into a new base (O(N log N), run in
+the background by the server); :meth:`rebased` carries the updates made meanwhile onto it.
 
 Retired items keep their row and their Semantic ID (item ids stay stable, histories that name
-them still build their prompts); they are removed from every beam search by the same item mask
-as per-request ``exclude`` filters (:func:`genrec.catalog.trie.build_item_mask`), so they are
-never returned. Their Semantic IDs stay taken: a new item cannot reuse one.
+them still build their prompts); they are never returned, and their IDs stay taken.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from genrec.catalog.semantic_ids import SemanticIndex, duplicate_groups
-from genrec.catalog.trie import SemanticTrie, build_item_mask, ranked_prefix_counts
-from genrec.generative.vocab import SidVocab
+from genrec.catalog.filters import PartFilter, dead_edges, padded_ranks
+from genrec.catalog.semantic_ids import SemanticIndex
+from genrec.catalog.trie import SemanticTrie
+from genrec.engine.catalog_update import apply_update, compact, member, rebase
+from genrec.generative.vocab import BOS_ID, SOFT_ID, SidVocab
+
+_EMPTY = torch.zeros(0, dtype=torch.int64)
 
 
 @dataclass(frozen=True)
 class CatalogState:
-    """``vocab`` (with its index), its ``trie`` on the model's device, ``active`` bool [N] on
-    the same device (``None``: every item is live) and a ``version`` number.
+    """``base_vocab`` (its index: items ``0 .. N_base-1`` at the last compaction) and its
+    ``trie`` on the model's device; the delta: ``delta_items`` (sorted item ids whose Semantic
+    ID is not the base's, new items included; CPU int64 [M]), ``delta_codes`` [M, L] and
+    ``delta_trie`` over them (retired ones included, so their IDs stay taken); ``retired``
+    (sorted item ids, CPU); ``base_dead`` / ``delta_dead``: sorted ranks no search returns
+    (device), and ``base_closed`` / ``delta_closed`` their :func:`dead_edges` (per level, the
+    edges with no live item); a ``version`` number. Build it with :meth:`build` or
+    :meth:`updated`."""
 
-    Build it with :meth:`build` (or :meth:`updated`), which also precomputes
-    ``active_counts``: the ranked prefix counts of ``active`` [1, N + 1], reused by every
-    unfiltered request.
-    """
-
-    vocab: SidVocab
+    base_vocab: SidVocab
     trie: SemanticTrie
-    active: torch.Tensor | None = None
+    retired_items: torch.Tensor = _EMPTY
+    delta_items: torch.Tensor = _EMPTY
+    delta_codes: torch.Tensor | None = None
+    delta_trie: SemanticTrie | None = None
+    base_dead: torch.Tensor = _EMPTY
+    delta_dead: torch.Tensor = _EMPTY
+    base_closed: tuple[torch.Tensor, ...] | None = None
+    delta_closed: tuple[torch.Tensor, ...] | None = None
     version: int = 0
-    active_counts: torch.Tensor | None = None
 
     @classmethod
     def build(cls, vocab: SidVocab, device: torch.device | str | None = None,
               active: torch.Tensor | None = None, version: int = 0) -> CatalogState:
-        """The state of ``vocab`` with the trie on ``device`` (default: the index's)."""
+        """The state of ``vocab`` with the trie on ``device`` (default: the index's);
+        ``active`` bool [N] marks the live items (default: all)."""
         device = device if device is not None else vocab.index.codes.device
         trie = SemanticTrie.from_index(vocab.index).to(device)
-        n = trie.num_items
-        counts = None
+        retired = _EMPTY
         if active is not None:
-            active = torch.as_tensor(active).to(device=device, dtype=torch.bool)
-            if tuple(active.shape) != (n,):
-                raise ValueError(f"active must be [{n}], got {tuple(active.shape)}")
-            if bool(active.all()):
-                active = None
-            else:
-                counts = ranked_prefix_counts(trie, active[None])
-        return cls(vocab, trie, active, version, counts)
+            active = torch.as_tensor(active).to(device="cpu", dtype=torch.bool)
+            if tuple(active.shape) != (trie.num_items,):
+                raise ValueError(f"active must be [{trie.num_items}], got {tuple(active.shape)}")
+            retired = torch.nonzero(~active).flatten()
+        dead = torch.sort(trie.ranks(retired)).values
+        return cls(vocab, trie, retired, base_dead=dead, base_closed=dead_edges(trie, dead),
+                   version=version)
+
+    # -- what the catalog holds -------------------------------------------------------------
 
     @property
     def num_items(self) -> int:
-        """Items in the index, retired ones included (valid ids are ``0 .. num_items-1``)."""
-        return self.trie.num_items
+        """Items in the catalog, retired ones included (valid ids are ``0 .. num_items-1``)."""
+        n = self.base_vocab.index.num_items
+        return max(n, int(self.delta_items[-1]) + 1) if self.delta_items.numel() else n
+
+    @property
+    def num_levels(self) -> int:
+        return self.base_vocab.num_levels
+
+    @property
+    def codebook_sizes(self) -> list[int]:
+        return self.base_vocab.index.codebook_sizes
+
+    @property
+    def level_offsets(self) -> list[int]:
+        """First token id of each level's codes."""
+        return self.base_vocab.level_offsets
+
+    @property
+    def token_count(self) -> int:
+        """Tokens the vocabulary needs (special tokens and every level's codes)."""
+        return self.base_vocab.vocab_size
 
     def retired(self) -> list[int]:
         """Ids of the retired items."""
-        if self.active is None:
-            return []
-        return torch.nonzero(~self.active).flatten().tolist()
+        return self.retired_items.tolist()
 
-    def item_mask(self, allow: Sequence[Sequence[int] | None],
-                  exclude: Sequence[Sequence[int] | None]) -> torch.Tensor:
-        """bool [R, N]: the items each request may return (its filters and the live items)."""
-        return build_item_mask(self.num_items, allow=allow, exclude=exclude,
-                               device=self.trie.device, active=self.active)
+    def is_active(self, item: int) -> bool:
+        """Whether ``item`` (a valid id) is live."""
+        return not bool(member(self.retired_items, torch.tensor([item]))[0])
 
-    def filter_counts(self, allow: Sequence[Sequence[int] | None],
-                      exclude: Sequence[Sequence[int] | None]) -> torch.Tensor | None:
-        """Ranked prefix counts [R, N + 1] of :meth:`item_mask` for beam search, or ``None``
-        when every request may return every item (no filter, nothing retired)."""
-        if all(a is None for a in allow) and all(e is None for e in exclude):
-            if self.active_counts is None:
-                return None
-            return self.active_counts.expand(len(allow), -1)
-        return ranked_prefix_counts(self.trie, self.item_mask(allow, exclude))
+    def check_items(self, items: Sequence[int], field: str) -> None:
+        """Raise ValueError naming ``field`` when an item id is not in the catalog."""
+        n = self.num_items
+        for i in items:
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
+                raise ValueError(f"{field}: unknown item id {i!r} (catalog has 0..{n - 1})")
 
-    def updated(
-        self, upsert: Sequence[tuple[int, Sequence[int] | None]] = (),
-        retire: Sequence[int] = (), version: int | None = None,
-        upsert_field: str = "items", retire_field: str = "item_ids",
-    ) -> CatalogState:
+    def codes_of(self, items: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        """Current Semantic IDs of valid item ids [...] -> int64 [..., L] (CPU)."""
+        items = torch.as_tensor(items, dtype=torch.int64).cpu()
+        base = self.base_vocab.index.codes
+        codes = base.cpu()[items.clamp(max=base.shape[0] - 1)]
+        if self.delta_items.numel():
+            pos = torch.searchsorted(self.delta_items, items).clamp(max=len(self.delta_items) - 1)
+            hit = self.delta_items[pos] == items
+            codes = torch.where(hit[..., None], self.delta_codes[pos], codes)
+        return codes
+
+    def item_tokens(self, items: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        """Token ids of items: [n] -> int64 [n, L]."""
+        offsets = torch.tensor(self.level_offsets, dtype=torch.int64)
+        return self.codes_of(items) + offsets
+
+    def prompts(self, histories: Sequence[Sequence[int]], soft_tokens: Sequence[bool]
+                ) -> list[list[int]]:
+        """``bos [soft] sid(h_1) ... sid(h_n)`` per request over its last ``max_history``
+        items, the current Semantic IDs (delta first), in one lookup for the batch."""
+        keep = self.base_vocab.max_history
+        cut = [list(h)[-keep:] if keep else list(h) for h in histories]
+        flat = [i for h in cut for i in h]
+        tokens = self.item_tokens(flat).tolist() if flat else []
+        out, at = [], 0
+        for h, soft in zip(cut, soft_tokens, strict=True):
+            head = [BOS_ID, SOFT_ID] if soft else [BOS_ID]
+            out.append(head + [t for row in tokens[at : at + len(h)] for t in row])
+            at += len(h)
+        return out
+
+    def lookup(self, codes: torch.Tensor) -> torch.Tensor:
+        """Item id holding each code tuple [..., L] now -> int64 [...] (-1: none)."""
+        codes = torch.as_tensor(codes, dtype=torch.int64)
+        found = self.trie.lookup(codes).cpu()
+        moved = member(self.delta_items, found.clamp(min=0)) & (found >= 0)
+        found = torch.where(moved, -1, found)  # that base leaf is no longer its item's ID
+        if self.delta_trie is not None:
+            in_delta = self.delta_trie.lookup(codes).cpu()
+            found = torch.where(in_delta >= 0, in_delta, found)
+        return found
+
+    @functools.cached_property
+    def vocab(self) -> SidVocab:
+        """The whole current vocabulary (the base with the delta applied: O(N) on first use
+        per state; the search itself never needs it)."""
+        if not self.delta_items.numel():
+            return self.base_vocab
+        index = self.base_vocab.index
+        n = self.num_items
+        codes = torch.cat([index.codes.cpu(), torch.zeros(n - index.num_items, self.num_levels,
+                                                          dtype=index.codes.dtype)])
+        codes[self.delta_items] = self.delta_codes.to(codes.dtype)
+        names = index.item_ids
+        if names is not None:
+            names = [*names, *(str(i) for i in range(index.num_items, n))]
+        new_index = SemanticIndex(codes, index.codebook_sizes, names, dict(index.meta))
+        return dataclasses.replace(self.base_vocab, index=new_index)
+
+    # -- search -----------------------------------------------------------------------------
+
+    def parts(self) -> list[SemanticTrie]:
+        """The tries a search walks together: the base, and the delta when there is one."""
+        return [self.trie] if self.delta_trie is None else [self.trie, self.delta_trie]
+
+    def search_filters(self, allow: Sequence[Sequence[int] | None],
+                       exclude: Sequence[Sequence[int] | None]) -> list[PartFilter]:
+        """One :class:`PartFilter` per part (see :meth:`parts`) for requests with these
+        ``allow`` / ``exclude`` lists (``None``: no list): O(total list size)."""
+        r = len(allow)
+        device = self.trie.device
+        filters = []
+        for trie, dead, closed in zip(self.parts(), (self.base_dead, self.delta_dead),
+                                      (self.base_closed, self.delta_closed), strict=False):
+            pad = trie.num_items + 1
+            live = functools.partial(self._live_ranks, trie, dead)
+            excluded = allowed = restricted = None
+            if any(e for e in exclude if e):
+                excluded = padded_ranks(*live(exclude), r, pad)
+            if any(a is not None for a in allow):
+                req, ranks = live(allow)
+                if excluded is not None:  # allowed and not excluded
+                    keep = ~member_rows(excluded, req, ranks)
+                    req, ranks = req[keep], ranks[keep]
+                allowed = padded_ranks(req, ranks, r, pad)
+                restricted = torch.tensor([a is not None for a in allow], device=device)
+            filters.append(PartFilter(dead, excluded, allowed, restricted, closed).prepare(trie))
+        return filters
+
+    def _live_ranks(self, trie: SemanticTrie, dead: torch.Tensor,
+                    lists: Sequence[Sequence[int] | None]) -> tuple[torch.Tensor, torch.Tensor]:
+        # (request index, rank) of each listed item that lives in ``trie`` and is not dead
+        req = torch.tensor([k for k, items in enumerate(lists) for _ in items or ()],
+                           dtype=torch.int64, device=trie.device)
+        items = torch.tensor([int(i) for items in lists for i in items or ()],
+                             dtype=torch.int64, device=trie.device)
+        ranks = trie.ranks(items)
+        # dead ranks include the base leaves of items moved to the delta
+        keep = (ranks >= 0) & ~member(dead, ranks)
+        return req[keep], ranks[keep]
+
+    def with_version(self, version: int) -> CatalogState:
+        """The same catalog under another version number."""
+        return dataclasses.replace(self, version=version)
+
+    def updated(self, upsert: Sequence[tuple[int, Sequence[int] | None]] = (),
+                retire: Sequence[int] = (), version: int | None = None,
+                upsert_field: str = "items", retire_field: str = "item_ids") -> CatalogState:
         """A new state: ``upsert`` ``(item id, Semantic ID)`` pairs (entries whose Semantic ID
         is ``None`` are skipped; a known id gets the new ID and comes back if it was retired,
         new ids must extend the catalog in order: ``N, N+1, ...``), then ``retire`` ids.
 
         Everything is checked first; bad input raises ``ValueError`` naming the field
         (``items[3].semantic_id``, ``item_ids[0]``) and this state is left as it was. Two items
-        may not share a Semantic ID (retired items keep theirs).
-        """
-        index = self.vocab.index
-        n, levels, sizes = index.num_items, index.num_levels, index.codebook_sizes
-        rows: dict[int, tuple[int, list[int]]] = {}  # item -> (position, codes)
-        for k, (item, sid) in enumerate(upsert):
-            if sid is None:
-                continue
-            where = f"{upsert_field}[{k}]"
-            if isinstance(item, bool) or not isinstance(item, int) or item < 0:
-                raise ValueError(f"{where}.item_id: bad item id {item!r}")
-            if item in rows:
-                raise ValueError(f"{where}.item_id: item {item} is given twice (also "
-                                 f"{upsert_field}[{rows[item][0]}])")
-            codes = list(sid)
-            if len(codes) != levels:
-                raise ValueError(f"{where}.semantic_id: expected {levels} codes (one per level), "
-                                 f"got {len(codes)}")
-            for level, (c, size) in enumerate(zip(codes, sizes, strict=True)):
-                if isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < size:
-                    raise ValueError(f"{where}.semantic_id[{level}]: code {c!r} is outside "
-                                     f"0..{size - 1}")
-            rows[item] = (k, codes)
-        new_ids = sorted(i for i in rows if i >= n)
-        for j, item in enumerate(new_ids):
-            if item != n + j:
-                raise ValueError(f"{upsert_field}[{rows[item][0]}].item_id: new items of the "
-                                 f"generative catalog take the next ids in order (item {n + j} "
-                                 f"comes next, got {item})")
-        total = n + len(new_ids)
-        for k, item in enumerate(retire):
-            if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item < total:
-                raise ValueError(f"{retire_field}[{k}]: unknown item id {item!r} (the generative "
-                                 f"catalog has 0..{total - 1})")
-        codes = torch.cat([index.codes.cpu(), torch.zeros(len(new_ids), levels,
-                                                          dtype=index.codes.dtype)])
-        changed = torch.zeros(total, dtype=torch.bool)
-        if rows:
-            ids = torch.tensor(list(rows), dtype=torch.long)
-            codes[ids] = torch.tensor([c for _, c in rows.values()], dtype=codes.dtype)
-            changed[ids] = True
-        for group in duplicate_groups(codes):
-            mine = [i for i in group if changed[i]]
-            if not mine:
-                continue  # an older collision (an index that was never validated)
-            item = mine[0]
-            others = [i for i in group if i != item]
-            other = next((i for i in others if not changed[i]), None)
-            where = f"{upsert_field}[{rows[item][0]}].semantic_id"
-            sid = codes[item].tolist()
-            if other is not None:
-                raise ValueError(f"{where}: {sid} is already the Semantic ID of item {other}"
-                                 + (" (retired)" if not self.is_active(other) else ""))
-            raise ValueError(f"{where}: {sid} is also given to {upsert_field}"
-                             f"[{rows[others[0]][0]}]")
-        active = torch.ones(total, dtype=torch.bool)
-        if self.active is not None:
-            active[:n] = self.active.cpu()
-        active[changed] = True
-        if len(retire):
-            active[torch.tensor(list(retire), dtype=torch.long)] = False
-        names = index.item_ids
-        if names is not None:
-            names = [*names, *(str(i) for i in new_ids)]
-        new_index = SemanticIndex(codes, sizes, names, dict(index.meta))
-        vocab = dataclasses.replace(self.vocab, index=new_index)
-        return CatalogState.build(vocab, self.trie.device, active,
-                                  self.version + 1 if version is None else version)
+        may not share a Semantic ID (retired items keep theirs). Costs O(changes + delta)."""
+        return apply_update(self, upsert, retire, version, upsert_field, retire_field)
 
-    def is_active(self, item: int) -> bool:
-        """Whether ``item`` (a valid id) is live."""
-        return self.active is None or bool(self.active[item])
+    def compacted(self) -> CatalogState:
+        """The same catalog with the delta folded into a new base (O(N log N))."""
+        return compact(self)
 
-    def with_version(self, version: int) -> CatalogState:
-        """The same catalog under another version number."""
-        return dataclasses.replace(self, version=version)
+    def rebased(self, compacted: CatalogState) -> CatalogState:
+        """This catalog over ``compacted`` (the compaction of an earlier state of this one):
+        the updates made since carried over (O(delta))."""
+        return rebase(self, compacted)
+
+
+def member_rows(rows: torch.Tensor, req: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Whether ``values[i]`` is in row ``req[i]`` of ``rows`` [R, S] (sorted rows)."""
+    if values.numel() == 0:
+        return torch.zeros(0, dtype=torch.bool, device=values.device)
+    sub = rows[req]  # [M, S]
+    pos = torch.searchsorted(sub, values[:, None]).clamp(max=rows.shape[1] - 1)
+    return sub.gather(1, pos)[:, 0] == values

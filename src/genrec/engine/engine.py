@@ -8,7 +8,6 @@ from pathlib import Path
 import torch
 
 from genrec.catalog.item_table import ItemTable
-from genrec.catalog.trie import SemanticTrie
 from genrec.engine.batch import PackedBatch, RequestLimits, item_rows, pack_requests
 from genrec.engine.catalog_state import CatalogState
 from genrec.engine.chunked import forward_chunked
@@ -71,30 +70,24 @@ class Engine:
         catalog = self.catalog
         return catalog.vocab if catalog is not None else None
 
-    @property
-    def trie(self) -> SemanticTrie | None:
-        """The trie of the installed catalog, or ``None``."""
-        catalog = self.catalog
-        return catalog.trie if catalog is not None else None
-
     def set_vocab(self, vocab: SidVocab) -> None:
         """Install the Semantic-ID vocabulary (every item live) and build its trie on the
         model's device."""
         version = self.catalog.version + 1 if self.catalog is not None else 0
-        self._check_vocab(vocab)
+        self._check_tokens(vocab.vocab_size)
         self.set_catalog(CatalogState.build(vocab, self.model.device, version=version))
 
     def set_catalog(self, catalog: CatalogState) -> None:
         """Install a generative catalog state (see :meth:`CatalogState.updated`) in one swap:
         a :meth:`recommend` call reads the state once, so it uses the old catalog or the new
         one throughout."""
-        self._check_vocab(catalog.vocab)
+        self._check_tokens(catalog.token_count)
         self.catalog = catalog
 
-    def _check_vocab(self, vocab: SidVocab) -> None:
-        if vocab.vocab_size > self.model.config.vocab_size:
+    def _check_tokens(self, needed: int) -> None:
+        if needed > self.model.config.vocab_size:
             raise ValueError(
-                f"Semantic-ID vocabulary needs {vocab.vocab_size} tokens, the model has "
+                f"Semantic-ID vocabulary needs {needed} tokens, the model has "
                 f"{self.model.config.vocab_size}"
             )
 

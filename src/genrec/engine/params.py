@@ -65,12 +65,12 @@ class EngineConfig:
     chunk_tokens: int = 4096
 
 
-MAX_BEAM_WIDTH = 256
+MAX_BEAM_WIDTH = 1024
 
 
 @dataclass
 class BeamParams:
-    """Constrained beam search: ``beam_width`` beams (<= 256), the best ``n`` items returned."""
+    """Constrained beam search: ``beam_width`` beams (<= 1024), the best ``n`` items returned."""
 
     beam_width: int = 20
     n: int = 10

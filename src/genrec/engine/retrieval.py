@@ -26,33 +26,34 @@ def recommend_batch(
     retired items; retired items are removed by the same item mask as ``exclude`` filters.
     """
     catalog = catalog if catalog is not None else engine.catalog
-    vocab, trie, model = catalog.vocab, catalog.trie, engine.model
-    prompts = []
+    model = engine.model
     for r, req in enumerate(requests):
         field = f"requests[{r}]"
         history = list(req.history) if not isinstance(req.history, (str, bytes)) else None
         if history is None:
             raise InputError(f"{field}.history: expected a list of item ids")
-        vocab.check_items(history, f"{field}.history")
+        catalog.check_items(history, f"{field}.history")
         if not history and req.user_vector is None:
             raise InputError(f"{field}.history: empty history and no user_vector")
         for name in ("exclude", "allow"):
             items = getattr(req, name)
             if items is not None:
-                vocab.check_items(list(items), f"{field}.{name}")
-        prompts.append(vocab.prompt(history, soft_token=req.user_vector is not None))
-    n_levels = vocab.num_levels
+                catalog.check_items(list(items), f"{field}.{name}")
+    prompts = catalog.prompts([list(q.history) for q in requests],
+                              [q.user_vector is not None for q in requests])
+    n_levels = catalog.num_levels
     for r, prompt in enumerate(prompts):
         if len(prompt) + n_levels > model.config.max_position_embeddings:
             raise InputError(f"requests[{r}].history: prompt of {len(prompt)} tokens exceeds "
                              f"the model's {model.config.max_position_embeddings} positions")
     batch = engine.pack(prompts, [[] for _ in prompts], [q.user_vector for q in requests],
                         require_branches=False)
-    counts = catalog.filter_counts([q.allow for q in requests], [q.exclude for q in requests])
+    filters = catalog.search_filters([q.allow for q in requests],
+                                     [q.exclude for q in requests])
     layout = batch.layout.to(model.device)
     result = constrained_beam_search(
-        model, trie, vocab.level_offsets, engine.embed(batch), layout,
-        batch.prefix_last.to(model.device), params.beam_width, counts,
+        model, catalog.parts(), filters, catalog.level_offsets, engine.embed(batch), layout,
+        batch.prefix_last.to(model.device), params.beam_width,
     )
     items, scores = result.items[:, : params.n].cpu(), result.scores[:, : params.n].cpu()
     out = []
@@ -71,11 +72,17 @@ def exhaustive_top(
     from genrec.engine.params import ScoreParams
 
     catalog = catalog if catalog is not None else engine.catalog
-    vocab = catalog.vocab
-    mask = catalog.item_mask([request.allow], [request.exclude])[0].cpu()
-    items = torch.nonzero(mask)[:, 0]
-    prompt = vocab.prompt(request.history, soft_token=request.user_vector is not None)
-    cands = vocab.item_tokens(items).tolist()
+    live = torch.ones(catalog.num_items, dtype=torch.bool)
+    live[catalog.retired_items] = False
+    if request.allow is not None:
+        allowed = torch.zeros_like(live)
+        allowed[torch.tensor(list(request.allow), dtype=torch.long)] = True
+        live &= allowed
+    if request.exclude:
+        live[torch.tensor(list(request.exclude), dtype=torch.long)] = False
+    items = torch.nonzero(live)[:, 0]
+    [prompt] = catalog.prompts([list(request.history)], [request.user_vector is not None])
+    cands = catalog.item_tokens(items).tolist()
     scores = engine.score(prompt, cands, ScoreParams(mode="loglik"), request.user_vector)
     top = scores.topk(min(n, len(cands)))
     return items[top.indices], top.values

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from genrec.engine import Engine
 from genrec.serving import schemas as S
 from genrec.serving.backends import CatalogUpdater, Ranker, make_runner
+from genrec.serving.compaction import CatalogStats
 from genrec.serving.engine_process import EngineGoneError, EngineProcess
 from genrec.serving.metrics import ServerMetrics
 from genrec.serving.scheduler import (
@@ -39,8 +40,10 @@ ROUTES = ("/v1/recommend", "/v1/rank", "/v1/score", "/v1/completions", "/v1/cata
 
 @dataclass
 class ServeConfig:
-    """Server settings: dynamic batching, queue bound, draining, body size, and whether the
-    engine batches run in a child process (``engine_process``; used by ``load_app``)."""
+    """Server settings: dynamic batching, queue bound, draining, body size, whether the
+    engine batches run in a child process (``engine_process``; used by ``load_app``), and the
+    generative catalog's delta size that starts a background compaction
+    (``compact_threshold``; ``None``: 1% of the catalog within [4096, 65536]; 0: never)."""
 
     max_batch_size: int = 32
     max_wait_ms: float = 5.0
@@ -50,6 +53,7 @@ class ServeConfig:
     max_body_bytes: int = 64 * 1024 * 1024
     retry_after_s: int = 1
     engine_process: bool = False  # run engine batches in a child process (engine_process.py)
+    compact_threshold: int | None = None  # see serving/compaction.py
 
 
 def _field(loc: tuple[Any, ...]) -> str:
@@ -157,15 +161,24 @@ def create_app(
     config = config or ServeConfig()
     holder: dict[str, Service] = {}
     metrics = ServerMetrics(lambda: scheduler.queue_depth(),
-                            lambda: holder["service"].catalog_version())
+                            lambda: holder["service"].catalog_version(),
+                            lambda: catalog_stats())
     runner = make_runner(engine, ranker, lambda: holder["service"].catalog_version(),
                          lambda: holder["service"].catalog)
     if engine_process is not None:
         runner = engine_process.runner(runner)
     scheduler = BatchScheduler(runner, config.max_batch_size, config.max_wait_ms,
                                config.max_queue, observer=metrics.observe_batch)
-    service = Service(engine, scheduler, ranker, catalog_updater, tokenizer, config.model_name)
+    service = Service(engine, scheduler, ranker, catalog_updater, tokenizer, config.model_name,
+                      config.compact_threshold, prepare_updates=engine_process is None)
     holder["service"] = service
+
+    def catalog_stats() -> CatalogStats | None:
+        # of the engine that searches: the engine process's, else this process's
+        if engine_process is not None:
+            return engine_process.catalog_stats()
+        catalog = service.catalog
+        return catalog.stats() if catalog is not None and catalog.generative else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -174,6 +187,8 @@ def create_app(
         if not scheduler.close(config.drain_timeout_s):
             log.warning("engine worker still busy after %.0f s of draining",
                         config.drain_timeout_s)
+        if service.catalog is not None:
+            service.catalog.close()  # a running compaction is waited for briefly, not installed
         if engine_process is not None:
             engine_process.close()
 

@@ -61,13 +61,15 @@ def make_runner(
     - ``("score", label_ids, apply_softmax)``: payloads lists of ``ScoreRequest`` (one HTTP
       request each); results ``(list of [N, K] tensors, catalog version)``;
     - ``("rank",)``: payloads ``RankRequest``; results ``(1-D tensor, catalog version)``;
-    - ``("catalog", seq)``: one payload ``("upsert", items)`` or ``("retire", item_ids)``,
+    - ``("catalog", seq)``: one payload ``("upsert", items)`` or ``("retire", item_ids)``
+      (or one already prepared, :meth:`~genrec.serving.catalog.ServiceCatalog.prepare`),
       applied to the :class:`genrec.serving.catalog.ServiceCatalog` that ``catalog()``
       returns; result its :class:`~genrec.serving.catalog.CatalogChange`. Running updates
       here serialises them with the engine batches.
 
-    Payloads and results are plain picklable data, so the same runner can run in another
-    process (:mod:`genrec.serving.engine_process`).
+    Payloads and results are plain picklable data (prepared updates aside: they stay in their
+    process), so the same runner can run in another process
+    (:mod:`genrec.serving.engine_process`).
     """
     from genrec.engine import BeamParams, ScoreParams
 
@@ -95,8 +97,7 @@ def make_runner(
             target = catalog() if catalog is not None else None
             if target is None:
                 raise RuntimeError("no service catalog to update")
-            return [target.upsert(data) if op == "upsert" else target.retire(data)
-                    for op, data in payloads]
+            return [target.apply(update) for update in payloads]
         raise RuntimeError(f"unknown batch kind {kind!r}")
 
     return run

@@ -16,7 +16,14 @@ then the ranker updater runs (it validates everything before its own one swap), 
 is the generative state installed, by one reference assignment that cannot fail. If either
 step raises, neither catalog changes. Updates run on the engine's worker thread between
 batches (see :func:`genrec.serving.backends.make_runner`), so no batch sees one catalog
-updated and not the other.
+updated and not the other. The generative state can be built before, off that thread
+(:meth:`ServiceCatalog.prepare`, concurrently with the batches): the worker then only swaps
+it in, unless another state was installed meanwhile (then it is rebuilt there).
+
+The generative catalog is a base plus a delta of the changes since its last compaction
+(:mod:`genrec.engine.catalog_state`); once the delta is large enough, an update starts a
+background compaction (:mod:`genrec.serving.compaction`), installed under the same lock
+without changing the version.
 """
 
 from __future__ import annotations
@@ -25,11 +32,29 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from genrec.serving.compaction import CatalogStats, Compactor
+
 if TYPE_CHECKING:
     from genrec.engine import Engine
+    from genrec.engine.catalog_state import CatalogState
     from genrec.serving.backends import CatalogUpdater
 
 GENERATIVE, RANKER = "generative", "ranker"
+
+
+@dataclass(frozen=True)
+class PreparedUpdate:
+    """An update checked and its next generative state built (:meth:`ServiceCatalog.prepare`)
+    from ``base``, the state installed then; ``state`` is ``None`` when the generative catalog
+    does not change, ``generative`` the item ids it takes, ``ranker`` the items of an
+    upsert for the ranker's updater."""
+
+    op: str
+    data: list
+    base: CatalogState | None
+    state: CatalogState | None
+    generative: list[int]
+    ranker: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -45,13 +70,18 @@ class ServiceCatalog:
     """One version number over the engine's generative catalog and an optional ranker
     catalog updater. ``catalog_version`` starts at ``version`` and grows by one per update
     (never falling behind the version the ranker's updater reports, so with a DuoLM ranker it
-    equals the ranker table's version as long as every update touches the ranker)."""
+    equals the ranker table's version as long as every update touches the ranker).
+
+    ``compact_threshold``: delta items of the generative catalog that start a background
+    compaction (``None``: :func:`~genrec.serving.compaction.compaction_threshold` of the
+    catalog size; 0: never compact)."""
 
     def __init__(self, engine: Engine, ranker_updater: CatalogUpdater | None = None,
-                 version: int = 0) -> None:
+                 version: int = 0, compact_threshold: int | None = None) -> None:
         self.engine, self.ranker_updater = engine, ranker_updater
         self._version = int(version)
-        self._lock = threading.Lock()  # serialises updates; readers never wait
+        self._lock = threading.Lock()  # serialises updates (and installs); readers never wait
+        self.compactor = Compactor(engine, self._lock, compact_threshold)
 
     @property
     def catalog_version(self) -> int:
@@ -99,19 +129,12 @@ class ServiceCatalog:
 
     def upsert(self, items: list[dict[str, Any]]) -> CatalogChange:
         """Add or replace items (see the module docstring); returns the change."""
-        self.check_input(items)
-        sids, ranker_items = self.split(items)
-        with self._lock:
-            state = None
-            if any(sid is not None for _, sid in sids):
-                state = self.engine.catalog.updated(sids)  # validated, built, not installed
-            reported = self.ranker_updater.upsert(ranker_items) if ranker_items else None
-            change = self._commit(state, reported)
-        if state is not None:
-            change.catalogs[GENERATIVE] = [i for i, sid in sids if sid is not None]
-        if ranker_items:
-            change.catalogs[RANKER] = [it["item_id"] for it in ranker_items]
-        return change
+        return self.apply(("upsert", items))
+
+    def retire(self, item_ids: list[int]) -> CatalogChange:
+        """Retire items from the generative catalog (the ids it has; every id when there is no
+        ranker) and from the ranker (every id)."""
+        return self.apply(("retire", list(item_ids)))
 
     def check_input(self, items: list[dict[str, Any]]) -> None:
         """:meth:`check`, raising ``ValueError`` (bad input for this server)."""
@@ -120,26 +143,69 @@ class ServiceCatalog:
         except LookupError as err:
             raise ValueError(str(err)) from None
 
-    def retire(self, item_ids: list[int]) -> CatalogChange:
-        """Retire items from the generative catalog (the ids it has; every id when there is no
-        ranker) and from the ranker (every id)."""
-        item_ids = list(item_ids)
+    def prepare(self, op: str, data: list) -> PreparedUpdate:
+        """Validate an update (``op`` ``"upsert"``: item dicts, ``"retire"``: item ids) and
+        build the next generative state from the installed one, installing nothing: on any
+        thread, concurrently with the engine's batches, so that :meth:`apply` (between
+        batches) only swaps it in. Raises ``ValueError`` naming the field."""
+        data = list(data)
+        ranker_items = self._checked(op, data)
+        base = self.engine.catalog
+        state, mine = self._generative(op, data, base)
+        return PreparedUpdate(op, data, base, state, mine, ranker_items)
+
+    def apply(self, update: PreparedUpdate | tuple[str, list]) -> CatalogChange:
+        """Run an update (``(op, data)`` or :meth:`prepare`'s result) on both catalogs, all or
+        nothing, under the next version. A prepared generative state is installed as built
+        when the installed state is still the one it was built on (else it is rebuilt)."""
+        if isinstance(update, PreparedUpdate):
+            op, data, ranker_items = update.op, update.data, update.ranker
+        else:
+            op, data = update[0], list(update[1])
+            ranker_items = self._checked(op, data)
         with self._lock:
-            catalog = self.engine.catalog
-            if self.ranker_updater is None:
-                if catalog is None:
-                    raise ValueError("item_ids: no catalog to retire items from")
-                mine = item_ids  # each must be known here: updated() names unknown ones
+            if isinstance(update, PreparedUpdate) and update.base is self.engine.catalog:
+                state, mine = update.state, update.generative
             else:
-                mine = [i for i in item_ids if catalog is not None and 0 <= i < catalog.num_items]
-            state = catalog.updated(retire=mine) if mine else None
-            reported = self.ranker_updater.retire(item_ids) if self.ranker_updater else None
+                state, mine = self._generative(op, data, self.engine.catalog)
+            reported = None
+            if op == "upsert" and ranker_items:
+                reported = self.ranker_updater.upsert(ranker_items)
+            elif op == "retire" and self.ranker_updater is not None:
+                reported = self.ranker_updater.retire(data)
             change = self._commit(state, reported)
         if state is not None:
             change.catalogs[GENERATIVE] = mine
-        if self.ranker_updater is not None:
-            change.catalogs[RANKER] = item_ids
+        if op == "upsert" and ranker_items:
+            change.catalogs[RANKER] = [it["item_id"] for it in ranker_items]
+        elif op == "retire" and self.ranker_updater is not None:
+            change.catalogs[RANKER] = data
         return change
+
+    def _checked(self, op: str, data: list) -> list[dict[str, Any]] | None:
+        # the input checks that need no catalog state; the ranker's items of an upsert
+        if op not in ("upsert", "retire"):
+            raise RuntimeError(f"unknown catalog operation {op!r}")
+        if op == "retire":
+            return None
+        self.check_input(data)
+        return self.split(data)[1]
+
+    def _generative(self, op: str, data: list, catalog: CatalogState | None
+                    ) -> tuple[CatalogState | None, list[int]]:
+        # the next generative state (None: it does not change) and the item ids it takes
+        if op == "upsert":
+            sids, _ = self.split(data)
+            mine = [i for i, sid in sids if sid is not None]
+            return (catalog.updated(sids) if mine else None), mine  # validated, not installed
+        if self.ranker_updater is None:
+            if catalog is None:
+                raise ValueError("item_ids: no catalog to retire items from")
+            mine = data  # each must be known here: updated() names unknown ones
+        else:
+            n = catalog.num_items if catalog is not None else 0
+            mine = [i for i in data if 0 <= i < n]
+        return (catalog.updated(retire=mine) if mine else None), mine
 
     def _commit(self, state: Any, reported: Any) -> CatalogChange:
         """Install the generative ``state`` (if any) under the next version; under the lock,
@@ -150,5 +216,15 @@ class ServiceCatalog:
             version = max(version, int(reported))
         if state is not None:
             self.engine.set_catalog(state.with_version(version))  # the one swap readers see
+            self.compactor.maybe_start()
         self._version = version
         return CatalogChange(version)
+
+    def stats(self, drain: bool = True) -> CatalogStats:
+        """The generative catalog's delta size and the compactions finished since the last
+        call (``drain``: then forgotten)."""
+        return self.compactor.stats(drain)
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Start no more compactions; wait up to ``timeout_s`` for a running one."""
+        self.compactor.close(timeout_s)

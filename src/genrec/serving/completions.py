@@ -7,32 +7,33 @@ import re
 
 import torch
 
-from genrec.generative.vocab import BOS_ID, SOFT_ID, SidVocab
+from genrec.engine.catalog_state import CatalogState
+from genrec.generative.vocab import BOS_ID, SOFT_ID
 
 _SID_TOKEN = re.compile(r"<([a-z])_(\d+)>")
 
 
-def parse_prompt(vocab: SidVocab, prompt: list[int] | str, user_vector: list[float] | None
-                 ) -> list[int]:
+def parse_prompt(catalog: CatalogState, prompt: list[int] | str,
+                 user_vector: list[float] | None) -> list[int]:
     """History item ids of a completion prompt (token ids ``bos [soft] sid...`` or text of
-    Semantic-ID tokens)."""
-    levels = vocab.num_levels
+    Semantic-ID tokens), looked up in the current catalog."""
+    levels = catalog.num_levels
     if isinstance(prompt, str):
         found = _SID_TOKEN.findall(prompt)
         if _SID_TOKEN.sub("", prompt).strip():
             raise ValueError("prompt: text prompts must be Semantic-ID tokens like "
                              "'<a_3> <b_1> <c_7>'")
-        codes = []
+        codes, sizes = [], catalog.codebook_sizes
         for k, (letter, code) in enumerate(found):
             if ord(letter) - ord("a") != k % levels:
                 raise ValueError(f"prompt: token {k} <{letter}_{code}> is out of order "
                                  f"(expected level {chr(ord('a') + k % levels)})")
-            codes.append(int(code))
+            codes.append(min(int(code), sizes[k % levels]))  # beyond the codebook: no item
         if len(codes) % levels:
             raise ValueError(f"prompt: {len(codes)} tokens is not a whole number of "
                              f"{levels}-token Semantic IDs")
         grid = torch.tensor(codes, dtype=torch.int64).reshape(-1, levels)
-        items = vocab.index.codes_to_items(grid) if codes else torch.zeros(0)
+        items = catalog.lookup(grid) if codes else torch.zeros(0)
     else:
         if not prompt or prompt[0] != BOS_ID:
             raise ValueError(f"prompt: must start with the BOS token id {BOS_ID}")
@@ -45,13 +46,17 @@ def parse_prompt(vocab: SidVocab, prompt: list[int] | str, user_vector: list[flo
             raise ValueError(f"prompt: {len(body)} tokens after the header is not a whole "
                              f"number of {levels}-token Semantic IDs")
         grid = torch.tensor(body, dtype=torch.int64).reshape(-1, levels)
-        items = vocab.index.tokens_to_items(grid, vocab.base) if body else torch.zeros(0)
+        codes = grid - torch.tensor(catalog.level_offsets)
+        inside = ((codes >= 0) & (codes < torch.tensor(catalog.codebook_sizes))).all(dim=1)
+        items = torch.where(inside, catalog.lookup(codes.clamp(min=0)), -1) if body else (
+            torch.zeros(0))
     missing = (items < 0).nonzero().flatten().tolist()
     if missing:
         raise ValueError(f"prompt: Semantic ID {missing[0]} is not a catalog item")
     return [int(i) for i in items.tolist()]
 
-def item_text(vocab: SidVocab, item: int) -> str:
+
+def item_text(catalog: CatalogState, item: int) -> str:
     """An item's Semantic-ID tokens as text: ``"<a_3> <b_1> <c_7>"``."""
-    codes = vocab.index.codes[item].tolist()
+    codes = catalog.codes_of([item])[0].tolist()
     return " ".join(f"<{chr(ord('a') + level)}_{c}>" for level, c in enumerate(codes))

@@ -13,6 +13,12 @@ vector sizes, ...) and to answer metadata; the scheduler's worker thread sends e
 child first and, when it succeeded, the same update runs on the server's copy, so both stay at
 the same catalog version (the update is deterministic; a mismatch is reported as an error).
 
+The child's generative catalog compacts itself in the background (the engine that searches
+lives there; :mod:`genrec.serving.compaction`); so does the server's copy, independently (a
+compaction changes no version, so the mirroring is unaffected). Every :class:`Reply` carries
+the child's :class:`~genrec.serving.compaction.CatalogStats`, which the server's ``/metrics``
+reports.
+
 Errors: a ``ValueError`` in the child (bad input) comes back as ``ValueError`` with the same
 message (HTTP 422, and the scheduler's rerun-alone isolation still works); anything else as
 ``RuntimeError``. If the child dies, every call raises :class:`EngineGoneError` (HTTP 503),
@@ -25,14 +31,37 @@ import multiprocessing as mp
 import pickle
 import signal
 import threading
+from collections import deque
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from genrec.serving.compaction import CatalogStats, CompactionEvent
 
 if TYPE_CHECKING:
     from genrec.serving.ray_app import AppSpec
 
 Runner = Callable[[Hashable, list[Any]], Sequence[Any]]
 _CLOSE = b""
+_MAX_EVENTS = 1024
+
+
+@dataclass(frozen=True)
+class Request:
+    """A batch for the engine process: the scheduler's group and its payloads."""
+
+    group: Hashable
+    payloads: list[Any]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The engine process's answer: ``ok`` and the results (or the error), and where its
+    generative catalog stands (``None``: it has none)."""
+
+    ok: bool
+    value: Any
+    catalog: CatalogStats | None = None
 
 
 class EngineGoneError(RuntimeError):
@@ -59,30 +88,38 @@ def _child_main(spec: AppSpec, conn: Any) -> None:
     try:
         from genrec.serving.backends import make_runner
         from genrec.serving.ray_app import load_components
+        from genrec.serving.server import freeze_heap
         from genrec.serving.service import Service
 
         parts = load_components(spec)
         service = Service(parts.engine, None, parts.ranker, parts.updater,  # type: ignore[arg-type]
-                          parts.tokenizer)
+                          parts.tokenizer, compact_threshold=spec.config.compact_threshold)
         run = make_runner(parts.engine, parts.ranker, service.catalog_version,
                           lambda: service.catalog)
-        conn.send_bytes(_dump((True, None)))
+        freeze_heap()  # loaded: full collections skip it from now on
+        conn.send_bytes(_dump(Reply(True, None)))
     except BaseException as err:  # noqa: BLE001 - reported to the server, which stops
-        conn.send_bytes(_dump((False, _portable(err))))
+        conn.send_bytes(_dump(Reply(False, _portable(err))))
         return
+
+    def stats() -> CatalogStats | None:
+        generative = service.catalog is not None and service.catalog.generative
+        return service.catalog.stats() if generative else None
+
     while True:
         try:
             message = conn.recv_bytes()
         except (EOFError, OSError):
             return
         if message == _CLOSE:
+            if service.catalog is not None:
+                service.catalog.close()
             return
-        group, payloads = pickle.loads(message)
+        request: Request = pickle.loads(message)
         try:
-            out: tuple[bool, Any] = (True, list(run(group, payloads)))
-            data = _dump(out)
+            data = _dump(Reply(True, list(run(request.group, request.payloads)), stats()))
         except BaseException as err:  # noqa: BLE001 - the batch's error, sent back
-            data = _dump((False, _portable(err)))
+            data = _dump(Reply(False, _portable(err), stats()))
         conn.send_bytes(data)
 
 
@@ -101,10 +138,13 @@ class EngineProcess:
         self._proc.start()
         child_conn.close()
         self._lock = threading.Lock()
-        ok, value = self._receive(start_timeout_s)
-        if not ok:
+        self._delta_items: int | None = None
+        self._compacting = False
+        self._events: deque[CompactionEvent] = deque(maxlen=_MAX_EVENTS)
+        reply = self._receive(start_timeout_s)
+        if not reply.ok:
             self.close()
-            raise RuntimeError(f"the engine process failed to start: {value}")
+            raise RuntimeError(f"the engine process failed to start: {reply.value}")
 
     @property
     def pid(self) -> int | None:
@@ -115,7 +155,7 @@ class EngineProcess:
         """Whether the child process is running."""
         return self._proc.is_alive()
 
-    def _receive(self, timeout_s: float | None = None) -> tuple[bool, Any]:
+    def _receive(self, timeout_s: float | None = None) -> Reply:
         waited = 0.0
         while not self._conn.poll(1.0):
             waited += 1.0
@@ -132,13 +172,27 @@ class EngineProcess:
         """Run one batch in the child; its results, or its error raised here."""
         with self._lock:
             try:
-                self._conn.send_bytes(_dump((group, payloads)))
+                self._conn.send_bytes(_dump(Request(group, payloads)))
             except (OSError, ValueError) as err:
                 raise EngineGoneError(f"the engine process is gone ({err})") from None
-            ok, value = self._receive()
-        if not ok:
-            raise value
-        return value
+            reply = self._receive()
+            if reply.catalog is not None:
+                self._delta_items = reply.catalog.delta_items
+                self._compacting = reply.catalog.compacting
+                self._events.extend(reply.catalog.compactions)
+        if not reply.ok:
+            raise reply.value
+        return reply.value
+
+    def catalog_stats(self) -> CatalogStats | None:
+        """The child's generative catalog as of its last answer (``None``: none reported);
+        the compactions it reported since the last call."""
+        if self._delta_items is None:
+            return None
+        events = []
+        while self._events:  # deque pops are atomic: no lock against call()
+            events.append(self._events.popleft())
+        return CatalogStats(self._delta_items, self._compacting, tuple(events))
 
     def runner(self, local: Runner) -> Runner:
         """The scheduler's runner: batches run in the child; catalog updates run in the child,

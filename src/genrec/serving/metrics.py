@@ -5,7 +5,12 @@
 - ``genrec_batch_size{kind}`` / ``genrec_batch_seconds{kind}``: engine batches;
 - ``genrec_queue_depth``: requests waiting for the engine;
 - ``genrec_catalog_version``: the catalog version being served;
-- ``genrec_rejected_total{reason}``: requests refused for load (queue_full, draining, deadline).
+- ``genrec_rejected_total{reason}``: requests refused for load (queue_full, draining, deadline);
+- ``genrec_catalog_delta_items``: items in the generative catalog's delta (changes since its
+  last compaction), ``genrec_catalog_compacting``: 1 while a background compaction runs,
+  ``genrec_catalog_compaction_seconds{outcome}``: finished compactions (installed, dropped,
+  failed) and their wall time; of the engine that searches (the engine process's with
+  ``--engine-process``), present when there is a generative catalog.
 """
 
 from __future__ import annotations
@@ -15,9 +20,12 @@ from collections.abc import Callable, Hashable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from genrec.serving.compaction import CatalogStats
+
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                    30.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+COMPACTION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class ServerMetrics:
@@ -25,8 +33,12 @@ class ServerMetrics:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, queue_depth: Callable[[], int], catalog_version: Callable[[], int]) -> None:
+    def __init__(self, queue_depth: Callable[[], int], catalog_version: Callable[[], int],
+                 catalog_stats: Callable[[], CatalogStats | None] | None = None) -> None:
+        """``catalog_stats``: the generative catalog's stats, drained at each render."""
         self.registry = CollectorRegistry()
+        self.catalog_stats = catalog_stats
+        self._catalog_metrics: tuple[Gauge, Gauge, Histogram] | None = None
         self.requests = Counter("genrec_requests", "Requests answered, by endpoint and status.",
                                 ["endpoint", "status"], registry=self.registry)
         self.latency = Histogram("genrec_request_seconds", "Request latency in seconds.",
@@ -59,6 +71,26 @@ class ServerMetrics:
         """Count a request refused for ``reason``."""
         self.rejected.labels(reason=reason).inc()
 
+    def _observe_catalog(self) -> None:
+        stats = self.catalog_stats() if self.catalog_stats is not None else None
+        if stats is None:
+            return
+        if self._catalog_metrics is None:  # created once there is a generative catalog
+            self._catalog_metrics = (
+                Gauge("genrec_catalog_delta_items", "Items in the generative catalog's delta "
+                      "(changes since its last compaction).", registry=self.registry),
+                Gauge("genrec_catalog_compacting", "1 while a background catalog compaction "
+                      "runs.", registry=self.registry),
+                Histogram("genrec_catalog_compaction_seconds", "Background catalog "
+                          "compactions by outcome, wall time in seconds.", ["outcome"],
+                          buckets=COMPACTION_BUCKETS, registry=self.registry))
+        delta, compacting, seconds = self._catalog_metrics
+        delta.set(stats.delta_items)
+        compacting.set(float(stats.compacting))
+        for event in stats.compactions:
+            seconds.labels(outcome=event.outcome).observe(event.seconds)
+
     def render(self) -> bytes:
         """Prometheus text format."""
+        self._observe_catalog()
         return generate_latest(self.registry)

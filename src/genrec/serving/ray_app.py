@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genrec.serving.app import ServeConfig
+from genrec.serving.server import freeze_heap
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -168,6 +169,7 @@ def replica_app(spec: AppSpec, replicas: int) -> FastAPI:
         device = "cuda"
     app = load_app(spec, device=device)
     app.add_middleware(ReplicaMiddleware, replica=replica_id(), refuse_catalog=replicas > 1)
+    freeze_heap()  # a replica is a serving process: full collections skip what it loaded
     return app
 
 

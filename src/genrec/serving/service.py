@@ -6,6 +6,7 @@ is not available raises :class:`ApiError` (HTTP 400).
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 import uuid
@@ -15,10 +16,10 @@ from typing import Any
 import torch
 
 from genrec.engine import Engine, RecommendRequest, ScoreRequest
-from genrec.generative.vocab import SidVocab
+from genrec.engine.catalog_state import CatalogState
 from genrec.serving import schemas as S
 from genrec.serving.backends import CatalogUpdater, Ranker, RankRequest
-from genrec.serving.catalog import CatalogChange, ServiceCatalog
+from genrec.serving.catalog import CatalogChange, PreparedUpdate, ServiceCatalog
 from genrec.serving.completions import item_text, parse_prompt
 from genrec.serving.scheduler import BatchScheduler
 
@@ -32,22 +33,28 @@ class ApiError(Exception):
 
 
 class Service:
-    """Engine, optional ranker / catalog updater / tokenizer, and the scheduler they run on."""
+    """Engine, optional ranker / catalog updater / tokenizer, and the scheduler they run on;
+    ``compact_threshold`` is the service catalog's (see :class:`ServiceCatalog`).
+    ``prepare_updates``: build each catalog update's generative state off the engine's worker
+    thread before queueing it (only when the batches run on this process's engine)."""
 
     def __init__(self, engine: Engine, scheduler: BatchScheduler, ranker: Ranker | None = None,
                  catalog_updater: CatalogUpdater | None = None, tokenizer: Any = None,
-                 model_name: str = "genrec") -> None:
+                 model_name: str = "genrec", compact_threshold: int | None = None,
+                 prepare_updates: bool = False) -> None:
         self.engine, self.scheduler, self.ranker = engine, scheduler, ranker
         self.catalog_updater, self.tokenizer = catalog_updater, tokenizer
-        self.model_name = model_name
+        self.model_name, self.prepare_updates = model_name, prepare_updates
         self._seq = itertools.count()
+        self._updating = asyncio.Lock()  # updates prepared and queued one at a time, in order
         # The served catalog (generative catalog of the engine + the ranker's, through the
         # updater) under one version number; None when nothing can be updated.
         self.catalog: ServiceCatalog | None = None
         if isinstance(catalog_updater, ServiceCatalog):
             self.catalog = catalog_updater
         elif catalog_updater is not None or engine.catalog is not None:
-            self.catalog = ServiceCatalog(engine, catalog_updater, self._initial_version())
+            self.catalog = ServiceCatalog(engine, catalog_updater, self._initial_version(),
+                                          compact_threshold)
 
     def _initial_version(self) -> int:
         """The ranker's version, else the engine's item table's, else its generative
@@ -66,11 +73,11 @@ class Service:
 
     # -- /v1/recommend -----------------------------------------------------------------------
 
-    def _vocab(self) -> SidVocab:
-        if self.engine.vocab is None:
+    def _catalog(self) -> CatalogState:
+        if self.engine.catalog is None:
             raise ApiError(400, "this model has no Semantic-ID vocabulary (not a generative "
                                 "model): recommend and completions are unavailable")
-        return self.engine.vocab
+        return self.engine.catalog
 
     def _check_user_vector(self, vector: Sequence[float] | None,
                            field: str = "user_vector") -> None:
@@ -83,7 +90,7 @@ class Service:
     def _recommend_request(self, history: list[int], user_vector: list[float] | None,
                            exclude: list[int] | None = None, allow: list[int] | None = None,
                            field: str = "history") -> RecommendRequest:
-        n_items = self._vocab().index.num_items
+        n_items = self._catalog().num_items
         for name, items in ((field, history), ("exclude", exclude), ("allow", allow)):
             # plain Python: a tensor op per request would contend with the engine thread
             bad = [i for i in items or () if not 0 <= i < n_items]
@@ -225,18 +232,18 @@ class Service:
         if not body.use_beam_search:
             raise ApiError(400, "use_beam_search: only constrained beam search is supported "
                                 "(set use_beam_search: true); sampling is not")
-        levels = self._vocab().num_levels
+        levels = self._catalog().num_levels
         best_of = body.best_of if body.best_of is not None else body.n
         if body.n > best_of:
             raise ValueError(f"n: {body.n} must not exceed best_of ({best_of})")
         if body.max_tokens is not None and body.max_tokens < levels:
             raise ValueError(f"max_tokens: one item takes {levels} tokens, got {body.max_tokens}")
-        history = parse_prompt(self._vocab(), body.prompt, body.user_vector)
+        history = parse_prompt(self._catalog(), body.prompt, body.user_vector)
         request = self._recommend_request(history, body.user_vector, field="prompt")
         rec, _ = await self.scheduler.submit(("recommend", best_of, body.n), request,
                                              deadline_ms)
-        vocab = self._vocab()
-        choices = [{"index": k, "text": item_text(vocab, item), "item_id": item, "score": score,
+        catalog = self._catalog()
+        choices = [{"index": k, "text": item_text(catalog, item), "item_id": item, "score": score,
                     "logprobs": None, "finish_reason": "length"}
                    for k, (item, score) in enumerate(zip(rec.items, rec.scores, strict=True))]
         n_prompt = len(body.prompt) if isinstance(body.prompt, list) else len(history) * levels
@@ -273,7 +280,11 @@ class Service:
             update = ("retire", list(payload))
         else:
             raise RuntimeError(f"unknown catalog operation {op!r}")
-        change: CatalogChange = await self.scheduler.submit(("catalog", next(self._seq)),
-                                                            update, deadline_ms)
+        async with self._updating:
+            queued: tuple | PreparedUpdate = update
+            if self.prepare_updates:  # built beside the batches: the worker only swaps it in
+                queued = await asyncio.to_thread(catalog.prepare, *update)
+            change: CatalogChange = await self.scheduler.submit(("catalog", next(self._seq)),
+                                                                queued, deadline_ms)
         return {"catalog_version": change.version, "count": len(payload),
                 "catalogs": change.catalogs}

@@ -1,0 +1,201 @@
+"""Item filters of a constrained beam search, as sorted ranks: cost O(filter size), not O(N).
+
+A trie edge covers a contiguous range of ranked items (see :mod:`genrec.catalog.trie`), so a
+filter only matters at the *ancestor edges* of the items it names: an edge is closed when
+every item under it is dead (retired, or moved to another part of the catalog) or excluded by
+the request, and, for a request with an allow list, open only when some allowed item lies
+under it. Before a search, :meth:`PartFilter.prepare` turns the rank lists into per-level
+sorted edge lists (each listed rank's ancestor at every level: ``O(list size x levels x
+log N)``); a beam step then tests its candidate edges against the lists of its level with one
+binary search each, and skips a level whose lists are empty (the upper levels, where no edge
+is closed by a few hundred dead or excluded items). Nothing is built per item of the catalog.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from genrec.catalog.trie import SemanticTrie
+
+# per level: edges closed for every request (all items dead), edges closed per request [R, S]
+# (dead or excluded), edges open per request [R, S] (some allowed item); None: no list
+_Lists = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
+
+
+def count_in(sorted_ranks: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    """How many of ``sorted_ranks`` lie in ``[start, end)``. ``sorted_ranks``: [S] (one list
+    for everything) or [R, S] (one per request, rows sorted, padded with a value above every
+    rank); ``start`` / ``end``: [R, ...]. Returns int64 like ``start``."""
+    if sorted_ranks.numel() == 0:
+        return torch.zeros_like(start)
+    if sorted_ranks.dim() == 1:
+        return torch.searchsorted(sorted_ranks, end) - torch.searchsorted(sorted_ranks, start)
+    shape = start.shape
+    s, e = start.reshape(shape[0], -1), end.reshape(shape[0], -1)
+    got = torch.searchsorted(sorted_ranks, e) - torch.searchsorted(sorted_ranks, s)
+    return got.view(shape)
+
+
+def padded_ranks(request_of: torch.Tensor, ranks: torch.Tensor, num_requests: int,
+                 pad: int) -> torch.Tensor:
+    """Ranks grouped by request into sorted rows [R, S], padded with ``pad`` (S >= 1).
+    ``request_of`` / ``ranks``: int64 [M] (any order; duplicates are dropped)."""
+    device = ranks.device
+    if ranks.numel() == 0:
+        return torch.full((num_requests, 1), pad, dtype=torch.int64, device=device)
+    key = torch.unique(request_of * (pad + 1) + ranks)  # sorted by request, then rank
+    req, rank = key // (pad + 1), key % (pad + 1)
+    counts = torch.bincount(req, minlength=num_requests)
+    width = max(int(counts.max()), 1)
+    first = torch.cumsum(counts, 0) - counts
+    col = torch.arange(key.numel(), device=device) - first[req]
+    out = torch.full((num_requests, width), pad, dtype=torch.int64, device=device)
+    out[req, col] = rank
+    return out
+
+
+def num_edges(trie: SemanticTrie, level: int) -> int:
+    """Edges of a level (the next level's nodes; items at the last level)."""
+    if level + 1 < trie.num_levels:
+        return trie.levels[level + 1].num_nodes
+    return trie.num_items
+
+
+def ancestors(trie: SemanticTrie, ranks: torch.Tensor) -> list[torch.Tensor]:
+    """The edge above each ranked item at every level (level l: int64 shaped like ``ranks``):
+    up from the leaf edge (= the rank), the node owning edge ``e`` is the last row start
+    <= ``e``, and node ``n`` of a level is edge ``n`` of the level above. The binary searches
+    run on the ranks in sorted order (the map is monotone), which keeps them cache-friendly."""
+    flat = ranks.reshape(-1).to(torch.int64)
+    ordered, perm = torch.sort(flat)
+    out = [ordered]
+    for deeper in range(trie.num_levels - 1, 0, -1):
+        ptr = trie.levels[deeper].row_ptr
+        found = torch.searchsorted(ptr, out[-1].to(ptr.dtype), right=True)
+        out.append(found.to(torch.int64) - 1)
+    result = []
+    for edges in reversed(out):
+        back = torch.empty_like(edges)
+        back[perm] = edges
+        result.append(back.view(ranks.shape))
+    return result
+
+
+def dead_edges(trie: SemanticTrie, dead: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per level, the sorted edges all of whose items are in ``dead`` (ranks). Bottom-up: at
+    the last level an edge is an item; above, an edge is closed when all its children are,
+    so each level looks only at the parents of the closed edges below it (O(D log N) in all).
+    A catalog state computes them once per update (:class:`PartFilter`)."""
+    closed = torch.unique(dead.to(torch.int64))
+    out = [closed]
+    for level in range(trie.num_levels - 2, -1, -1):
+        if closed.numel():
+            ptr = trie.levels[level + 1].row_ptr  # its nodes are this level's edges
+            parent = torch.searchsorted(ptr, closed.to(ptr.dtype), right=True).to(torch.int64) - 1
+            edges, counts = torch.unique_consecutive(parent, return_counts=True)  # sorted
+            closed = edges[counts == (ptr[edges + 1] - ptr[edges]).to(torch.int64)]
+        out.append(closed)
+    return tuple(reversed(out))
+
+
+def _in_sorted(values: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+    # edges [...] in the sorted list values [S] (S >= 1)
+    edges = edges.contiguous()
+    pos = torch.searchsorted(values, edges).clamp_(max=values.numel() - 1)
+    return values[pos] == edges
+
+
+def _in_rows(rows: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+    # edges [R, ...] in row r of rows [R, S] (sorted rows)
+    q = edges.reshape(rows.shape[0], -1).contiguous()
+    pos = torch.searchsorted(rows, q).clamp_(max=rows.shape[1] - 1)
+    return (rows.gather(1, pos) == q).view(edges.shape)
+
+
+def _listed(rows: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+    # (request, rank) of every entry of padded rows [R, S] below limit
+    keep = rows < limit
+    req = torch.arange(rows.shape[0], device=rows.device)[:, None].expand_as(rows)
+    return req[keep], rows[keep]
+
+
+@dataclass(frozen=True)
+class PartFilter:
+    """What a search may return from one trie: ``dead`` sorted ranks [D] (for every request),
+    ``excluded`` [R, X] and ``allowed`` [R, A] (sorted rows padded with a value above every
+    rank; allowed ranks are live and not excluded, excluded ones live), ``restricted`` bool
+    [R] (the request has an allow list). Any of the lists may be empty. ``closed``: the
+    :func:`dead_edges` of ``dead`` when the caller keeps them (else computed here)."""
+
+    dead: torch.Tensor
+    excluded: torch.Tensor | None = None
+    allowed: torch.Tensor | None = None
+    restricted: torch.Tensor | None = None
+    closed: tuple[torch.Tensor, ...] | None = None
+    _lists: dict[int, _Lists] = field(default_factory=dict, init=False, repr=False,
+                                      compare=False)
+    _above: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+
+    @property
+    def trivial(self) -> bool:
+        """Nothing is filtered: every item of the trie may be returned."""
+        return self.dead.numel() == 0 and self.excluded is None and self.allowed is None
+
+    def prepare(self, trie: SemanticTrie) -> PartFilter:
+        """Build the per-level edge lists for ``trie`` now (once, before the search; their
+        sizes are read on the host). Returns ``self``."""
+        if not self.trivial:
+            for level in range(trie.num_levels):
+                self._level(trie, level)
+        return self
+
+    def _listed_above(self, trie: SemanticTrie, which: str, rows: torch.Tensor
+                      ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        # (request, the ancestors at every level) of the listed ranks of rows, once per list
+        if which not in self._above:
+            req, ranks = _listed(rows, trie.num_items)
+            self._above[which] = (req, ancestors(trie, ranks))
+        return self._above[which]
+
+    def _level(self, trie: SemanticTrie, level: int) -> _Lists:
+        if level in self._lists:
+            return self._lists[level]
+        edges_here = num_edges(trie, level)
+        closed = self.closed if self.closed is not None else dead_edges(trie, self.dead)
+        gone = closed[level] if closed[level].numel() else None
+        blocked = opened = None
+        if self.excluded is not None:
+            req, above = self._listed_above(trie, "excluded", self.excluded)
+            key, counts = torch.unique(req * (edges_here + 1) + above[level],
+                                       return_counts=True)  # (request, edge), sorted
+            req, edges = key // (edges_here + 1), key % (edges_here + 1)
+            start, end = trie.edge_ranks(level, edges)
+            # closed for this request: its excluded items and the dead ones fill the edge
+            full = counts + count_in(self.dead, start, end) == end - start
+            if bool(full.any()):
+                blocked = padded_ranks(req[full], edges[full], self.excluded.shape[0],
+                                       edges_here)
+        if self.allowed is not None:
+            req, above = self._listed_above(trie, "allowed", self.allowed)
+            opened = padded_ranks(req, above[level], self.allowed.shape[0], edges_here)
+        self._lists[level] = (gone, blocked, opened)
+        return self._lists[level]
+
+    def live(self, trie: SemanticTrie, level: int, edges: torch.Tensor) -> torch.Tensor:
+        """Whether some returnable item lies under each edge: ``edges`` int64 [R, ...] (level
+        ``level`` edge ids, -1: none) -> bool, same shape."""
+        ok = edges >= 0
+        if self.trivial:
+            return ok
+        gone, blocked, opened = self._level(trie, level)
+        if gone is not None:
+            ok &= ~_in_sorted(gone, edges)
+        if blocked is not None:
+            ok &= ~_in_rows(blocked, edges)
+        if opened is not None:
+            restricted = self.restricted.view(-1, *([1] * (edges.dim() - 1)))
+            ok = torch.where(restricted, (edges >= 0) & _in_rows(opened, edges), ok)
+        return ok

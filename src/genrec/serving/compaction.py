@@ -1,0 +1,185 @@
+"""Background compaction of the served generative catalog.
+
+A live update costs O(changes + delta) (:meth:`CatalogState.updated`): the delta's trie and
+dead-rank lists are rebuilt each time, so the delta must stay small. Once it holds
+:func:`compaction_threshold` items, :class:`Compactor` folds it into a new base in a
+background thread (:meth:`CatalogState.compacted`, O(N log N): seconds at 10M items) on a
+snapshot of the installed state, while updates and searches go on. When it finishes, under
+the service catalog's lock, it installs ``current.rebased(compacted)`` (the updates made
+meanwhile carried over) if the current state still grew from that snapshot (same base, same
+or later version, its delta a superset), else drops it. A compaction changes nothing a
+request can see, so the state keeps its version number.
+
+At most one compaction runs at a time; a failure is logged and counted, never raised into a
+request (the next update past the threshold tries again). The thread is a daemon with a low
+CPU priority (where the OS allows it per thread): requests go first; shutdown joins it only
+briefly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from genrec.engine.catalog_update import member
+
+if TYPE_CHECKING:
+    from genrec.engine import Engine
+    from genrec.engine.catalog_state import CatalogState
+
+log = logging.getLogger("genrec.serving")
+
+# Delta size that starts a compaction: 1% of the catalog, at least 4096 items (a small catalog
+# compacts in milliseconds but need not do so every few updates) and at most 65536 (an
+# update's O(delta) rebuild then stays at a few tens of ms at any catalog size, while a
+# compaction of a 10M-item catalog, seconds long, starts at most once per 65536 changes).
+COMPACT_FRACTION = 100
+COMPACT_MIN_ITEMS = 4096
+COMPACT_MAX_ITEMS = 65536
+# CPU niceness of the compaction thread (Linux: per thread), so batches keep their share
+COMPACT_NICE = 10
+_MAX_EVENTS = 1024  # finished compactions kept until reported (metrics drain them)
+
+INSTALLED, DROPPED, FAILED = "installed", "dropped", "failed"
+
+
+def compaction_threshold(num_items: int) -> int:
+    """Delta items that start a background compaction of a catalog of ``num_items`` items."""
+    return max(COMPACT_MIN_ITEMS, min(num_items // COMPACT_FRACTION, COMPACT_MAX_ITEMS))
+
+
+@dataclass(frozen=True)
+class CompactionEvent:
+    """One finished compaction: its ``outcome`` (``installed``, ``dropped``: the catalog was
+    replaced meanwhile, ``failed``), its wall time, and the delta size it folded."""
+
+    outcome: str
+    seconds: float
+    delta_items: int
+
+
+@dataclass(frozen=True)
+class CatalogStats:
+    """Where a generative catalog stands: its delta size, whether a compaction runs, and the
+    compactions finished since the last report (plain data: it crosses threads and, from an
+    engine process, the pipe)."""
+
+    delta_items: int
+    compacting: bool = False
+    compactions: tuple[CompactionEvent, ...] = ()
+
+
+def _lower_priority() -> None:
+    try:  # on Linux, setpriority on a thread id changes that thread alone
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPACT_NICE)
+    except (AttributeError, OSError):
+        pass
+
+
+def grew_from(current: CatalogState, snapshot: CatalogState) -> bool:
+    """Whether ``current`` was reached from ``snapshot`` by updates alone (the condition for
+    :meth:`CatalogState.rebased`): same base, no older version, a delta holding the
+    snapshot's."""
+    if current.base_vocab is not snapshot.base_vocab or current.version < snapshot.version:
+        return False
+    return bool(member(current.delta_items, snapshot.delta_items).all())
+
+
+class Compactor:
+    """Runs the background compactions of ``engine``'s generative catalog; ``lock`` is the
+    lock every update installs its state under. ``threshold``: delta items that start one
+    (``None``: :func:`compaction_threshold` of the catalog size; 0: never)."""
+
+    def __init__(self, engine: Engine, lock: threading.Lock,
+                 threshold: int | None = None) -> None:
+        if threshold is not None and threshold < 0:
+            raise ValueError(f"compact_threshold: must be >= 0, got {threshold}")
+        self.engine, self.lock, self.threshold = engine, lock, threshold
+        self._mutex = threading.Lock()  # the thread slot and the events (never held long)
+        self._thread: threading.Thread | None = None
+        self._events: deque[CompactionEvent] = deque(maxlen=_MAX_EVENTS)
+        self._closed = False
+        self.completed = 0  # compactions installed
+
+    def due(self, state: CatalogState) -> bool:
+        """Whether ``state``'s delta is large enough to compact."""
+        if self.threshold == 0:
+            return False
+        limit = (compaction_threshold(state.num_items) if self.threshold is None
+                 else self.threshold)
+        return state.delta_items.numel() >= limit
+
+    @property
+    def running(self) -> bool:
+        """Whether a compaction is under way."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def maybe_start(self) -> bool:
+        """Start a compaction of the installed state if it is due and none runs; call it with
+        :attr:`lock` held, after installing a state. True when one started."""
+        state = self.engine.catalog
+        if self._closed or state is None or not self.due(state):
+            return False
+        with self._mutex:
+            if self._thread is not None:
+                return False
+            thread = self._thread = threading.Thread(target=self._run, args=(state,),
+                                                     daemon=True, name="genrec-compaction")
+        thread.start()
+        return True
+
+    def _run(self, snapshot: CatalogState) -> None:
+        _lower_priority()
+        start = time.perf_counter()
+        size = int(snapshot.delta_items.numel())
+        outcome = FAILED
+        try:
+            compacted = snapshot.compacted()
+            with self.lock:
+                current = self.engine.catalog
+                if not self._closed and current is not None and grew_from(current, snapshot):
+                    self.engine.set_catalog(current.rebased(compacted))  # same version
+                    outcome = INSTALLED
+                    self.completed += 1
+                else:
+                    outcome = DROPPED
+        except Exception:  # noqa: BLE001 - logged; requests and updates go on
+            log.exception("catalog compaction failed (delta of %d items)", size)
+        finally:
+            event = CompactionEvent(outcome, time.perf_counter() - start, size)
+            with self._mutex:
+                self._events.append(event)
+                self._thread = None
+            if outcome != FAILED:
+                log.info("catalog compaction %s: %d delta items in %.2f s", outcome, size,
+                         event.seconds)
+
+    def stats(self, drain: bool = True) -> CatalogStats:
+        """The catalog's :class:`CatalogStats`; ``drain``: the reported events are forgotten."""
+        state = self.engine.catalog
+        with self._mutex:
+            events = tuple(self._events)
+            if drain:
+                self._events.clear()
+            running = self._thread is not None
+        size = int(state.delta_items.numel()) if state is not None else 0
+        return CatalogStats(size, running, events)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the running compaction (if any); True when none runs any more."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return not self.running
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Start no more compactions, and wait up to ``timeout`` s for a running one (its
+        result is not installed)."""
+        self._closed = True
+        self.wait(timeout)
