@@ -2,30 +2,31 @@
 it carried over, dropped when the catalog was replaced, failures logged and not raised, in the
 engine process with ``--engine-process``), and every endpoint over a catalog with a delta:
 ``/v1/completions`` resolves upserted and moved items and keeps accepting retired ones in
-prompts, ``/v1/recommend`` with filters equals the offline engine, ``/metrics`` reports it."""
+prompts, ``/v1/recommend`` with filters equals the offline engine, ``/metrics`` reports it.
+Kept in a state directory, a catalog reopens over fresh catalogs the same (version, codes,
+retired items, answers, the ranker's table), across folds too; refused updates leave no
+record, a failed write installs nothing."""
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
 import pytest
 import torch
-from serving_support import N_ITEMS, SIZES, post, tiny_engine, wait_until
+from logged_catalog_support import assert_same, free_sids, ranker_pair, reopened, stream
+from serving_support import N_ITEMS, post, tiny_engine, wait_until
 
 from genrec import BeamParams, Engine, RecommendRequest
 from genrec.engine.catalog_state import CatalogState
 from genrec.serving.catalog import ServiceCatalog
+from genrec.serving.catalog_log import FoldPolicy, read_state
+from genrec.serving.catalog_log_format import CatalogLogError, LogRecord
 from genrec.serving.compaction import COMPACT_MAX_ITEMS, COMPACT_MIN_ITEMS, compaction_threshold
 
 REQUESTS = [RecommendRequest([3, 17, 8]), RecommendRequest([5, 6], exclude=[0, 1, 2]),
             RecommendRequest([20], allow=[4, 9, 30, 31, N_ITEMS, N_ITEMS + 2])]
-
-
-def free_sids(engine: Engine, n: int) -> list[list[int]]:
-    used = {tuple(c) for c in engine.vocab.index.codes.tolist()}
-    every = torch.cartesian_prod(*[torch.arange(k) for k in SIZES]).tolist()
-    return [c for c in every if tuple(c) not in used][:n]
 
 
 def answers(engine: Engine, catalog: CatalogState | None = None) -> list[tuple]:
@@ -234,3 +235,81 @@ def test_the_engine_process_compacts_its_own_catalog(checkpoint: Path) -> None:
                                    BeamParams(6, 3), catalog=state)[0]
         assert got["items"] == want.items and got["catalog_version"] == 2
         assert httpx.get(url + "/ready").json()["catalog_version"] == 2
+
+
+# -- durability: a catalog kept in a state directory ----------------------------------------
+
+def test_a_logged_catalog_reopens_the_same(tmp_path: Path) -> None:
+    first = reopened(tmp_path / "state", version=3, compact_threshold=4,
+                     fold=FoldPolicy(records=0, bytes=0))
+    catalog = first[0]
+    assert catalog.catalog_version == 3
+    refused = stream(catalog, 30, seed=1)
+    assert refused and catalog.catalog_version == 3 + 30 - refused
+    assert catalog.compactor.wait(10) and catalog.compactor.completed
+    catalog.close()
+    again = reopened(tmp_path / "state", version=99)  # an existing directory's version wins
+    assert_same(first, again)
+    stream(again[0], 5, seed=2)  # goes on from there
+    again[0].close()
+    assert reopened(tmp_path / "state")[0].catalog_version == again[0].catalog_version
+
+
+def test_a_fold_changes_nothing_on_reopening(tmp_path: Path) -> None:
+    first = reopened(tmp_path / "state", fold=FoldPolicy(records=6, bytes=0))
+    catalog = first[0]
+    for seed in range(4):
+        stream(catalog, 10, seed)
+        assert catalog.folder.wait(10)
+    version = catalog.catalog_version
+    assert catalog.folder.completed >= 3 and version > 20
+    stored = read_state(tmp_path / "state")
+    assert stored.base is not None and stored.version == version
+    assert len(stored.records) < 6 and stored.base.generative.codes.dtype == torch.int16
+    ranker, updater = ranker_pair()  # a mirror: replays, writes nothing (the writer is open)
+    mirror = ServiceCatalog.from_dir(tiny_engine(), updater, tmp_path / "state", writable=False)
+    assert mirror.log is None
+    assert_same(first, (mirror, ranker))
+    catalog.close()
+    assert_same(first, reopened(tmp_path / "state"))
+
+
+def test_a_refused_record_at_the_tail_is_dropped_on_replay(tmp_path: Path, caplog) -> None:
+    catalog, _ = reopened(tmp_path / "state")
+    stream(catalog, 6, seed=3)
+    version, log = catalog.catalog_version, catalog.log
+    bad = [{"item_id": 1, "vectors": [[0.0]]}]  # the ranker refuses it
+    log.append(LogRecord(version + 1, "upsert", bad))  # the process died before cutting it
+    catalog.close()
+    again, _ = reopened(tmp_path / "state")
+    assert again.catalog_version == version and "refused on replay" in caplog.text
+    assert read_state(tmp_path / "state").version == version  # cut off there
+    again.log.append(LogRecord(version + 1, "upsert", bad))
+    again.log.append(LogRecord(version + 2, "retire", [3]))
+    again.close()
+    with pytest.raises(CatalogLogError, match=rf"versions 1..{version + 2} cannot be replayed "
+                       r"here: items\[1\]: expected \[2, 32\] vectors"):
+        reopened(tmp_path / "state")
+    with pytest.raises(CatalogLogError, match="no ranker catalog to update"):
+        ServiceCatalog.from_dir(tiny_engine(), None, tmp_path / "state")
+
+
+def test_a_failed_append_installs_nothing(tmp_path: Path, monkeypatch) -> None:
+    catalog, _ = reopened(tmp_path / "state")
+    stream(catalog, 4, seed=4)
+    state, version = catalog.engine.catalog, catalog.catalog_version
+    before = read_state(tmp_path / "state")
+
+    def failing(fd: int) -> None:
+        raise OSError("I/O error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(OSError, match="I/O error"):
+        catalog.retire([5])
+    monkeypatch.undo()
+    assert catalog.engine.catalog is state and catalog.catalog_version == version
+    assert read_state(tmp_path / "state").records == before.records  # cut off again
+    with pytest.raises(RuntimeError, match="a write failed"):
+        catalog.retire([5])
+    catalog.close()
+    assert reopened(tmp_path / "state")[0].catalog_version == version

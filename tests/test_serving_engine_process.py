@@ -16,12 +16,13 @@ pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
 import httpx
-from serving_support import N_ITEMS, RECOMMEND, SIZES, offline, post
+from serving_support import N_ITEMS, RECOMMEND, SIZES, offline, post, wait_until
 
 from genrec import Engine, RecommendRequest
-from genrec.serving import BackgroundServer, ServeConfig
+from genrec.serving import BackgroundServer, ServeConfig, Worker
 from genrec.serving.engine_process import EngineProcess
-from genrec.serving.ray_app import AppSpec, load_app
+from genrec.serving.launch import AppSpec, load_app
+from genrec.serving.messages import RecommendBatch
 
 
 @pytest.fixture(scope="module")
@@ -34,15 +35,15 @@ def served(checkpoint: Path) -> Iterator[tuple[str, EngineProcess]]:
     spec = AppSpec.of(checkpoint, threads=1,
                       config=ServeConfig(max_wait_ms=1, engine_process=True))
     app = load_app(spec)
-    child = app.state.engine_process
+    child = app.state.worker
     with BackgroundServer(app) as server:
         yield server.url, child
-    assert not child._proc.is_alive()  # stopped with the app
+    assert not child.alive  # stopped with the app
 
 
 def test_answers_equal_the_offline_engine(served, reference: Engine) -> None:
     url, child = served
-    assert child.pid is not None and child._proc.is_alive()
+    assert child.pid is not None and child.alive
     for body in RECOMMEND:
         r = post(url, "/v1/recommend", body)
         assert r.status_code == 200, r.text
@@ -54,7 +55,7 @@ def test_answers_equal_the_offline_engine(served, reference: Engine) -> None:
 def test_errors_of_the_child_come_back_naming_the_field(served) -> None:
     url, child = served
     with pytest.raises(ValueError, match=r"requests\[0\]\.history"):
-        child.call(("recommend", 4, 2), [RecommendRequest(history=[N_ITEMS + 5])])
+        child.call(RecommendBatch(4, 2), [RecommendRequest(history=[N_ITEMS + 5])])
     r = post(url, "/v1/recommend", {"history": [N_ITEMS + 5]})
     assert r.status_code == 422 and r.json()["detail"].startswith("history")
 
@@ -84,17 +85,17 @@ def test_signals_to_the_process_group_leave_the_engine_to_the_server(served) -> 
     os.kill(child.pid, signal.SIGINT)
     os.kill(child.pid, signal.SIGTERM)
     r = post(url, "/v1/recommend", RECOMMEND[0])
-    assert r.status_code == 200 and child._proc.is_alive()
+    assert r.status_code == 200 and child.alive
 
 
 def test_a_dead_engine_process_makes_health_and_ready_fail(checkpoint: Path) -> None:
     spec = AppSpec.of(checkpoint, threads=1, config=ServeConfig(engine_process=True))
     app = load_app(spec)
-    child = app.state.engine_process
+    child = app.state.worker
     with BackgroundServer(app) as server:
         assert httpx.get(server.url + "/ready").status_code == 200
-        child._proc.kill()
-        child._proc.join(10)
+        os.kill(child.pid, signal.SIGKILL)
+        wait_until(lambda: not child.alive)
         for path in ("/health", "/ready"):
             r = httpx.get(server.url + path)
             assert r.status_code == 503 and "engine process exited" in r.json()["detail"]
@@ -102,7 +103,7 @@ def test_a_dead_engine_process_makes_health_and_ready_fail(checkpoint: Path) -> 
         assert r.status_code == 503 and "engine process" in r.json()["detail"]
 
 
-def test_a_failed_start_names_the_cause(tmp_path: Path) -> None:
+def test_a_failed_start_names_the_cause(tmp_path: Path, reference: Engine) -> None:
     spec = AppSpec.of(tmp_path / "missing", config=ServeConfig(engine_process=True))
     with pytest.raises(RuntimeError, match="engine process failed to start"):
-        EngineProcess(spec)
+        EngineProcess(spec, Worker(reference))

@@ -12,13 +12,14 @@ import torch
 pytest.importorskip("fastapi")
 
 from genrec import BeamParams, Engine, RecommendRequest, ScoreParams, ScoreRequest
-from genrec.serving.backends import make_runner
+from genrec.serving.messages import RecommendBatch, ScoreBatch
 from genrec.serving.scheduler import (
     BatchScheduler,
     DeadlineExceededError,
     DrainingError,
     QueueFullError,
 )
+from genrec.serving.worker import Worker
 
 
 class Recorder:
@@ -176,23 +177,23 @@ def engine() -> Engine:
 
 
 def test_batched_results_equal_the_engine_called_directly(engine: Engine) -> None:
-    sched = BatchScheduler(make_runner(engine, None, lambda: 7), max_batch_size=16,
-                           max_wait_ms=100)
+    sched = BatchScheduler(Worker(engine).run, max_batch_size=16, max_wait_ms=100)
     recs = [RecommendRequest([3, 17, 8]), RecommendRequest([1], user_vector=[0.5] * 5),
             RecommendRequest([5, 6, 7], exclude=[0, 1, 2]), RecommendRequest([20], allow=[4, 9])]
     scores = [[ScoreRequest([0, 3, 4], [[5, 6], [7]])], [ScoreRequest([0, 9], [[10], [11, 12]])]]
     bad = RecommendRequest([999])  # unknown item: fails alone
-    group = ("recommend", 8, 5)
-    jobs = [(group, r) for r in recs] + [(group, bad)]
-    jobs += [(("score", (3, 4), False), s) for s in scores]
+    message = RecommendBatch(8, 5)
+    jobs = [(message, r) for r in recs] + [(message, bad)]
+    jobs += [(ScoreBatch((3, 4), False), s) for s in scores]
     out = _run(_gather(sched, jobs))
     assert isinstance(out[len(recs)], ValueError) and "unknown item id 999" in str(out[len(recs)])
-    for req, (got, version) in zip(recs, out[: len(recs)], strict=True):
+    for req, got in zip(recs, out[: len(recs)], strict=True):
         want = engine.recommend([req], BeamParams(8, 5))[0]
-        assert got.items == want.items and version == 7
-        assert torch.allclose(torch.tensor(got.scores), torch.tensor(want.scores), atol=1e-5)
+        assert got.value.items == want.items and got.catalog_version == 3  # the item table's
+        assert torch.allclose(torch.tensor(got.value.scores), torch.tensor(want.scores),
+                              atol=1e-5)
     params = ScoreParams(mode="labels", label_token_ids=[3, 4])
-    for req, (got, _) in zip(scores, out[len(recs) + 1:], strict=True):
+    for req, got in zip(scores, out[len(recs) + 1:], strict=True):
         want = engine.score_requests(req, params)
-        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got, want, strict=True))
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got.value, want, strict=True))
     sched.close(5)

@@ -25,9 +25,9 @@ from genrec.commands.generative import (
     DeviceOpt,
     ThreadsOpt,
     _fail,
-    resolve_device,
     train_app,
 )
+from genrec.utils.device import resolve_device
 
 if TYPE_CHECKING:
     from genrec.data.loaders import Dataset

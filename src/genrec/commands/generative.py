@@ -25,6 +25,7 @@ from genrec.commands.dataset import (
     load_dataset,
     table_options,
 )
+from genrec.utils.device import resolve_device
 
 if TYPE_CHECKING:
     from genrec.catalog.semantic_ids import SemanticIndex
@@ -41,15 +42,6 @@ _INPUT_ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError)
 def _fail(err: Exception) -> typer.Exit:
     typer.echo(f"error: {err}", err=True)
     return typer.Exit(code=1)
-
-
-def resolve_device(device: str, threads: int | None = None) -> str:
-    """``auto`` -> ``cuda`` when available, else ``cpu``; sets torch's CPU threads if given."""
-    import torch
-
-    if threads is not None:
-        torch.set_num_threads(threads)
-    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
 
 
 def check_index(index: SemanticIndex, dataset: Dataset, where: str) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from genrec.serving.ray_app import AppSpec
+    from genrec.serving.launch import AppSpec
 
 
 def serve(
@@ -46,6 +46,22 @@ def serve(
                                                     "the 'ray' extras); each replica loads "
                                                     "the model itself.")] = False,
     replicas: Annotated[int, typer.Option(min=1, help="Ray Serve replicas (with --ray).")] = 1,
+    api_key: Annotated[str | None, typer.Option(
+        help="Require 'Authorization: Bearer KEY' on /v1 (default: $GENREC_API_KEY).",
+        show_default=False)] = None,
+    admin_key: Annotated[str | None, typer.Option(
+        help="Require this key instead on /v1/catalog (default: $GENREC_ADMIN_KEY).",
+        show_default=False)] = None,
+    catalog_state: Annotated[Path | None, typer.Option(
+        help="Directory where live catalog updates are logged (fsync'd before the answer) "
+             "and replayed from on start [default: MODEL/catalog-state].",
+        show_default=False)] = None,
+    volatile_catalog: Annotated[bool, typer.Option(
+        "--volatile-catalog", help="Keep live catalog updates in memory only (lost on "
+                                   "restart).")] = False,
+    allow_insecure: Annotated[bool, typer.Option(
+        "--allow-insecure", help="Listen on a non-loopback address without an API key.")
+    ] = False,
 ) -> None:
     """Serve the model over HTTP: /v1/recommend, /v1/rank, /v1/score, /v1/completions,
     /v1/catalog/items, /health, /ready, /metrics. SIGTERM drains and exits.
@@ -67,12 +83,22 @@ def serve(
         typer.echo("error: --engine-process is for the single-process server, not --ray",
                    err=True)
         raise typer.Exit(code=1)
-    from genrec.serving import ServeConfig
-    from genrec.serving.ray_app import AppSpec, load_app
+    from genrec.serving.auth import check_bind, keys_from_env
+    from genrec.serving.launch import AppSpec, ServeConfig, load_app
 
+    try:
+        api_key, admin_key = keys_from_env(api_key, admin_key)
+        warning = check_bind(host, api_key, admin_key, allow_insecure)
+    except ValueError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    if warning is not None:
+        typer.echo(warning, err=True)
     config = ServeConfig(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
                          max_queue=max_queue, model_name=model.name,
-                         engine_process=engine_process)
+                         engine_process=engine_process, api_key=api_key, admin_key=admin_key,
+                         catalog_state=_catalog_state(model, catalog_state, volatile_catalog,
+                                                      ray and replicas > 1))
     spec = AppSpec.of(model, ranker, catalog, tokenizer, device=device, dtype=dtype,
                       threads=threads, config=config)
     if ray:
@@ -86,6 +112,16 @@ def serve(
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=1) from None
     run_server(app, host=host, port=port, log_level=log_level)
+
+
+def _catalog_state(model: Path, given: Path | None, volatile: bool, replicated: bool
+                   ) -> str | None:
+    """The durable catalog's directory (absolute), or ``None`` (updates in memory only):
+    ``--volatile-catalog``, and several Ray replicas (each holds its own catalog, so updates
+    are refused there)."""
+    if volatile or replicated:
+        return None
+    return str((given if given is not None else model / "catalog-state").expanduser().absolute())
 
 
 def _serve_ray(spec: AppSpec, replicas: int, host: str, port: int) -> None:

@@ -214,6 +214,33 @@ class CatalogState:
         keep = (ranks >= 0) & ~member(dead, ranks)
         return req[keep], ranks[keep]
 
+    def export(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every item's Semantic ID now, as compact CPU integers (int16 when every code fits,
+        else int32) [N, L], and the retired item ids (sorted int64): what :meth:`restored`
+        rebuilds this catalog from (O(N))."""
+        dtype = torch.int16 if max(self.codebook_sizes) <= 1 << 15 else torch.int32
+        return self.vocab.index.codes.cpu().to(dtype), self.retired_items.clone()
+
+    def restored(self, codes: torch.Tensor, retired: torch.Tensor, version: int
+                 ) -> CatalogState:
+        """The catalog :meth:`export` gave (``codes`` [N, L], ``retired`` ids) as one compacted
+        state, with this catalog's codebooks, history length, item names and device. Raises
+        ``ValueError`` when the codes do not fit these codebooks or an id is out of range."""
+        index = self.base_vocab.index
+        codes = torch.as_tensor(codes).to(device="cpu", dtype=torch.int64)
+        n = int(codes.shape[0]) if codes.dim() == 2 else 0
+        names = index.item_ids
+        if names is not None:
+            names = [*names[:n], *(str(i) for i in range(len(names), n))]
+        vocab = dataclasses.replace(self.base_vocab, index=SemanticIndex(
+            codes, index.codebook_sizes, names, dict(index.meta)))
+        retired = torch.as_tensor(retired, dtype=torch.int64).cpu()
+        if retired.numel() and not 0 <= int(retired.min()) <= int(retired.max()) < n:
+            raise ValueError(f"retired: item ids outside 0..{n - 1}")
+        active = torch.ones(n, dtype=torch.bool)
+        active[retired] = False
+        return type(self).build(vocab, self.trie.device, active, version)
+
     def with_version(self, version: int) -> CatalogState:
         """The same catalog under another version number."""
         return dataclasses.replace(self, version=version)

@@ -1,14 +1,20 @@
 """HTTP serving (``genrec serve``): FastAPI app, dynamic batching, metrics, uvicorn runner.
 
+A request goes route (:mod:`~genrec.serving.app`) -> :class:`~genrec.serving.service.Service`
+(checks it alone) -> :class:`BatchScheduler` (batches by message,
+:mod:`~genrec.serving.messages`) -> :class:`Worker` (or the engine-process proxy) -> engine.
+
 Needs the ``serve`` extras (fastapi, uvicorn, prometheus-client).
 """
 
-from genrec.serving.app import ServeConfig, create_app
+from genrec.serving.app import build_app, create_app
 from genrec.serving.backends import CatalogUpdater, Ranker, RankRequest
+from genrec.serving.launch import ServeConfig
 from genrec.serving.scheduler import BatchScheduler
 from genrec.serving.server import BackgroundServer, run_server
+from genrec.serving.worker import BatchWorker, Worker
 
 __all__ = [
-    "BackgroundServer", "BatchScheduler", "CatalogUpdater", "RankRequest", "Ranker",
-    "ServeConfig", "create_app", "run_server",
+    "BackgroundServer", "BatchScheduler", "BatchWorker", "CatalogUpdater", "RankRequest",
+    "Ranker", "ServeConfig", "Worker", "build_app", "create_app", "run_server",
 ]

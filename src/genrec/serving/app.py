@@ -1,8 +1,9 @@
 """The FastAPI application: routes, error mapping, metrics and readiness.
 
 Every error is JSON ``{"detail": "<message naming the field>"}``: bad input 422 (schema or
-engine ``InputError``), unavailable feature 400, body too large 413, queue full or draining
-503 with ``Retry-After`` (also when the engine process is gone), deadline passed 504.
+engine ``InputError``), missing or wrong API key 401 (:mod:`genrec.serving.auth`),
+unavailable feature 400, body too large 413, queue full or draining 503 with ``Retry-After``
+(also when the engine process is gone), deadline passed 504.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,9 +20,10 @@ from fastapi.responses import JSONResponse, Response
 
 from genrec.engine import Engine
 from genrec.serving import schemas as S
-from genrec.serving.backends import CatalogUpdater, Ranker, make_runner
-from genrec.serving.compaction import CatalogStats
-from genrec.serving.engine_process import EngineGoneError, EngineProcess
+from genrec.serving.auth import ApiKeyMiddleware
+from genrec.serving.backends import CatalogUpdater, Ranker
+from genrec.serving.engine_process import EngineGoneError
+from genrec.serving.launch import ServeConfig
 from genrec.serving.metrics import ServerMetrics
 from genrec.serving.scheduler import (
     BatchScheduler,
@@ -31,29 +32,12 @@ from genrec.serving.scheduler import (
     QueueFullError,
 )
 from genrec.serving.service import ApiError, Service
+from genrec.serving.worker import BatchWorker, Worker
 
 log = logging.getLogger("genrec.serving")
 
 ROUTES = ("/v1/recommend", "/v1/rank", "/v1/score", "/v1/completions", "/v1/catalog/items",
           "/health", "/ready", "/metrics")
-
-
-@dataclass
-class ServeConfig:
-    """Server settings: dynamic batching, queue bound, draining, body size, whether the
-    engine batches run in a child process (``engine_process``; used by ``load_app``), and the
-    generative catalog's delta size that starts a background compaction
-    (``compact_threshold``; ``None``: 1% of the catalog within [4096, 65536]; 0: never)."""
-
-    max_batch_size: int = 32
-    max_wait_ms: float = 5.0
-    max_queue: int = 256
-    model_name: str = "genrec"
-    drain_timeout_s: float = 30.0
-    max_body_bytes: int = 64 * 1024 * 1024
-    retry_after_s: int = 1
-    engine_process: bool = False  # run engine batches in a child process (engine_process.py)
-    compact_threshold: int | None = None  # see serving/compaction.py
 
 
 def _field(loc: tuple[Any, ...]) -> str:
@@ -145,40 +129,33 @@ def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> J
 def create_app(
     engine: Engine, *, ranker: Ranker | None = None,
     catalog_updater: CatalogUpdater | None = None, tokenizer: Any = None,
-    config: ServeConfig | None = None, engine_process: EngineProcess | None = None,
+    config: ServeConfig | None = None,
 ) -> FastAPI:
     """The server around ``engine`` (and optionally a ranker for ``/v1/rank`` and reranking,
-    a catalog updater for ``/v1/catalog/items``, a tokenizer for text in ``/v1/score``).
+    a catalog updater for ``/v1/catalog/items``, a tokenizer for text in ``/v1/score``), its
+    batches run in this process: :func:`build_app` over a :class:`Worker` of them."""
+    config = config or ServeConfig()
+    worker = Worker(engine, ranker, catalog_updater, config.compact_threshold)
+    return build_app(worker, tokenizer=tokenizer, config=config)
 
-    ``app.state.service`` and ``app.state.scheduler`` give access to them; set
-    ``app.state.draining = True`` (or call ``app.state.scheduler.begin_drain()``) to make
-    ``/ready`` answer 503 before a shutdown.
 
-    ``engine_process``: run the engine batches in that process instead of this one (see
-    :mod:`genrec.serving.engine_process`); this process keeps ``engine`` & co. to check
-    requests and mirror catalog updates. It is closed with the app.
+def build_app(worker: BatchWorker, *, tokenizer: Any = None,
+              config: ServeConfig | None = None) -> FastAPI:
+    """The server whose batches run on ``worker`` (a :class:`Worker`, or an
+    :class:`~genrec.serving.engine_process.EngineProcess` proxy); a request goes route ->
+    :class:`Service` (checks it) -> :class:`BatchScheduler` -> ``worker.run`` -> engine.
+
+    ``app.state.service``, ``app.state.scheduler`` and ``app.state.worker`` give access to
+    them; set ``app.state.draining = True`` (or call ``app.state.scheduler.begin_drain()``) to
+    make ``/ready`` answer 503 before a shutdown. The worker is closed with the app.
     """
     config = config or ServeConfig()
-    holder: dict[str, Service] = {}
-    metrics = ServerMetrics(lambda: scheduler.queue_depth(),
-                            lambda: holder["service"].catalog_version(),
-                            lambda: catalog_stats())
-    runner = make_runner(engine, ranker, lambda: holder["service"].catalog_version(),
-                         lambda: holder["service"].catalog)
-    if engine_process is not None:
-        runner = engine_process.runner(runner)
-    scheduler = BatchScheduler(runner, config.max_batch_size, config.max_wait_ms,
-                               config.max_queue, observer=metrics.observe_batch)
-    service = Service(engine, scheduler, ranker, catalog_updater, tokenizer, config.model_name,
-                      config.compact_threshold, prepare_updates=engine_process is None)
-    holder["service"] = service
-
-    def catalog_stats() -> CatalogStats | None:
-        # of the engine that searches: the engine process's, else this process's
-        if engine_process is not None:
-            return engine_process.catalog_stats()
-        catalog = service.catalog
-        return catalog.stats() if catalog is not None and catalog.generative else None
+    metrics = ServerMetrics(lambda: scheduler.queue_depth(), lambda: worker.catalog_version,
+                            worker.catalog_stats)
+    scheduler = BatchScheduler(worker.run, config.max_batch_size, config.max_wait_ms,
+                               config.max_queue, observer=lambda message, size, seconds:
+                               metrics.observe_batch(message.kind, size, seconds))
+    service = Service(worker, scheduler, tokenizer, config.model_name)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -187,52 +164,59 @@ def create_app(
         if not scheduler.close(config.drain_timeout_s):
             log.warning("engine worker still busy after %.0f s of draining",
                         config.drain_timeout_s)
-        if service.catalog is not None:
-            service.catalog.close()  # a running compaction is waited for briefly, not installed
-        if engine_process is not None:
-            engine_process.close()
+        worker.close()
 
     app = FastAPI(title="genrec", version="0.1.0", lifespan=lifespan)
     app.state.service, app.state.scheduler, app.state.metrics = service, scheduler, metrics
-    app.state.draining = False
-    app.state.config = config
-    app.state.engine_process = engine_process
+    app.state.worker, app.state.config, app.state.draining = worker, config, False
 
-    error = _error
+    if config.api_key is not None or config.admin_key is not None:
+        # inside the guard (added before it): refused requests are counted in the metrics
+        # and never reach a route
+        app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, admin_key=config.admin_key)
+    app.add_middleware(_Guard, state=app.state, metrics=metrics, config=config)
+    _map_errors(app, metrics, config)
+    _add_routes(app, service)
+    _add_probes(app, worker, service, metrics)
+    return app
 
+
+def _map_errors(app: FastAPI, metrics: ServerMetrics, config: ServeConfig) -> None:
+    """Exceptions -> JSON errors (the status codes of the module docstring)."""
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, err: RequestValidationError) -> JSONResponse:
-        return error(422, validation_detail(err))
+        return _error(422, validation_detail(err))
 
     @app.exception_handler(ApiError)
     async def _api(_: Request, err: ApiError) -> JSONResponse:
-        return error(err.status_code, err.detail)
+        return _error(err.status_code, err.detail)
 
     @app.exception_handler(ValueError)
     async def _value(_: Request, err: ValueError) -> JSONResponse:
-        return error(422, str(err))
+        return _error(422, str(err))
 
     @app.exception_handler(QueueFullError)
     async def _full(_: Request, err: QueueFullError) -> JSONResponse:
         metrics.reject("queue_full")
-        return error(503, str(err), {"Retry-After": str(config.retry_after_s)})
+        return _error(503, str(err), {"Retry-After": str(config.retry_after_s)})
 
     @app.exception_handler(DrainingError)
     async def _draining(_: Request, err: DrainingError) -> JSONResponse:
         metrics.reject("draining")
-        return error(503, str(err), {"Retry-After": str(config.retry_after_s)})
+        return _error(503, str(err), {"Retry-After": str(config.retry_after_s)})
 
     @app.exception_handler(EngineGoneError)
     async def _gone(_: Request, err: EngineGoneError) -> JSONResponse:
-        return error(503, str(err), {"Retry-After": str(config.retry_after_s)})
+        return _error(503, str(err), {"Retry-After": str(config.retry_after_s)})
 
     @app.exception_handler(DeadlineExceededError)
     async def _late(_: Request, err: DeadlineExceededError) -> JSONResponse:
         metrics.reject("deadline")
-        return error(504, str(err))
+        return _error(504, str(err))
 
-    app.add_middleware(_Guard, state=app.state, metrics=metrics, config=config)
 
+def _add_routes(app: FastAPI, service: Service) -> None:
+    """The ``/v1`` endpoints: each a :class:`Service` method."""
     @app.post("/v1/recommend", response_model=S.RecommendResponse)
     async def recommend(body: S.RecommendBody, request: Request) -> dict:
         """Top-n catalog items by constrained beam search (``rerank``: then the ranker)."""
@@ -270,10 +254,13 @@ def create_app(
         by ``/v1/recommend`` again) and from the ranker (rejected by ``/v1/rank``)."""
         return await service.update_catalog("retire", body.item_ids, _deadline(request, None))
 
+
+def _add_probes(app: FastAPI, worker: BatchWorker, service: Service,
+                metrics: ServerMetrics) -> None:
+    """``/health``, ``/ready`` and ``/metrics``."""
+
     def engine_gone() -> JSONResponse | None:
-        if engine_process is not None and not engine_process.alive:
-            return error(503, "the engine process exited")
-        return None
+        return None if worker.alive else _error(503, "the engine process exited")
 
     @app.get("/health", response_model=None)
     async def health() -> dict | JSONResponse:
@@ -286,13 +273,11 @@ def create_app(
         gone = engine_gone()
         if gone is not None:
             return gone
-        if app.state.draining or not scheduler.accepting:
-            return error(503, "draining")
+        if app.state.draining or not service.scheduler.accepting:
+            return _error(503, "draining")
         return JSONResponse({"status": "ready", "catalog_version": service.catalog_version()})
 
     @app.get("/metrics")
     async def prometheus() -> Response:
         """Prometheus metrics."""
         return Response(metrics.render(), media_type=metrics.content_type)
-
-    return app

@@ -1,20 +1,20 @@
-"""What the server runs: the engine, an optional ranker and an optional catalog updater.
+"""What the server serves besides the engine: an optional ranker and an optional catalog
+updater, and their loaders (and the tokenizer's).
 
 The ranker and the catalog updater are coded against the small protocols below, so that any
-object with these methods can be served (the DuoLM ranker, or a test double).
+object with these methods can be served (the DuoLM ranker, or a test double); the batches
+that use them run in :class:`genrec.serving.worker.Worker`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
-
-    from genrec.engine import Engine
 
 try:  # the DuoLM ranker's request type, once that package exists
     from genrec.duolm.ranker import RankRequest  # type: ignore[import-not-found]
@@ -48,59 +48,6 @@ class CatalogUpdater(Protocol):
     def upsert(self, items: list[dict[str, Any]]) -> int: ...
 
     def retire(self, item_ids: list[int]) -> int: ...
-
-
-def make_runner(
-    engine: Engine, ranker: Ranker | None, catalog_version: Callable[[], int],
-    catalog: Callable[[], Any] | None = None,
-) -> Callable[[Hashable, list[Any]], Sequence[Any]]:
-    """The scheduler's batch runner. Groups (first element: the kind) and results:
-
-    - ``("recommend", beam_width, n)``: payloads ``RecommendRequest``; results
-      ``(Recommendation, catalog version)``;
-    - ``("score", label_ids, apply_softmax)``: payloads lists of ``ScoreRequest`` (one HTTP
-      request each); results ``(list of [N, K] tensors, catalog version)``;
-    - ``("rank",)``: payloads ``RankRequest``; results ``(1-D tensor, catalog version)``;
-    - ``("catalog", seq)``: one payload ``("upsert", items)`` or ``("retire", item_ids)``
-      (or one already prepared, :meth:`~genrec.serving.catalog.ServiceCatalog.prepare`),
-      applied to the :class:`genrec.serving.catalog.ServiceCatalog` that ``catalog()``
-      returns; result its :class:`~genrec.serving.catalog.CatalogChange`. Running updates
-      here serialises them with the engine batches.
-
-    Payloads and results are plain picklable data (prepared updates aside: they stay in their
-    process), so the same runner can run in another process
-    (:mod:`genrec.serving.engine_process`).
-    """
-    from genrec.engine import BeamParams, ScoreParams
-
-    def run(group: Hashable, payloads: list[Any]) -> Sequence[Any]:
-        kind = group[0]
-        version = catalog_version()  # read on the worker thread: no update runs concurrently
-        if kind == "recommend":
-            _, beam_width, n = group
-            recs = engine.recommend(payloads, BeamParams(beam_width=beam_width, n=n))
-            return [(rec, version) for rec in recs]
-        if kind == "score":
-            _, labels, softmax = group
-            flat = [req for requests in payloads for req in requests]
-            params = ScoreParams(mode="labels", label_token_ids=list(labels),
-                                 apply_softmax=softmax)
-            scores = engine.score_requests(flat, params)
-            out, start = [], 0
-            for requests in payloads:
-                out.append((scores[start:start + len(requests)], version))
-                start += len(requests)
-            return out
-        if kind == "rank":
-            return [(scores, version) for scores in ranker.rank(payloads)]
-        if kind == "catalog":
-            target = catalog() if catalog is not None else None
-            if target is None:
-                raise RuntimeError("no service catalog to update")
-            return [target.apply(update) for update in payloads]
-        raise RuntimeError(f"unknown batch kind {kind!r}")
-
-    return run
 
 
 def load_ranker(path: str | Path, store: str | Path | None, device: str = "cpu",
@@ -137,12 +84,19 @@ class RankerCatalogUpdater:
     def upsert(self, items: list[dict[str, Any]]) -> int:
         import torch
 
-        texts = {it["item_id"]: it["text"] for it in items if "text" in it}
-        vectors = {it["item_id"]: torch.as_tensor(it["vectors"], dtype=torch.float32)
-                   for it in items if "vectors" in it}
         bad = [k for k, it in enumerate(items) if ("text" in it) == ("vectors" in it)]
         if bad:
             raise ValueError(f"items[{bad[0]}]: give exactly one of 'text' or 'vectors'")
+        texts = {it["item_id"]: it["text"] for it in items if "text" in it}
+        vectors = {}
+        for k, it in enumerate(items):
+            if "vectors" not in it:
+                continue
+            try:
+                vectors[it["item_id"]] = torch.as_tensor(it["vectors"], dtype=torch.float32)
+            except (TypeError, ValueError, RuntimeError):
+                raise ValueError(f"items[{k}].vectors: expected a list of vectors of numbers "
+                                 f"([k][hidden])") from None
         if any(not isinstance(t, str) for t in texts.values()):
             raise ValueError("items: 'text' must be a string")
         if texts and vectors:

@@ -24,15 +24,29 @@ The generative catalog is a base plus a delta of the changes since its last comp
 (:mod:`genrec.engine.catalog_state`); once the delta is large enough, an update starts a
 background compaction (:mod:`genrec.serving.compaction`), installed under the same lock
 without changing the version.
+
+Durability (:meth:`ServiceCatalog.from_dir`): an update is validated and its generative state
+built, then its record appended and fsynced (:mod:`genrec.serving.catalog_log`), then the
+ranker's updater runs and the generative state is installed: what is acknowledged is on disk,
+nothing is seen before. The ranker's updater validates as it runs: when it refuses, the record
+is cut off again (no record of a refused update stays); should the process die in between (no
+answer sent), the replay meets the same refusal (an updater's ``ValueError`` depends on its
+input and table only) at the log's tail and drops the record. With a log each update takes
+exactly the next version.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from genrec.serving.compaction import CatalogStats, Compactor
+from genrec.serving.catalog_base import install_base, install_updates, ranker_part
+from genrec.serving.catalog_log import CatalogLog, FoldPolicy, StoredCatalog, read_state
+from genrec.serving.catalog_log_format import CatalogLogError, LogRecord
+from genrec.serving.compaction import CatalogStats, Compactor, LogFolder
 
 if TYPE_CHECKING:
     from genrec.engine import Engine
@@ -40,6 +54,8 @@ if TYPE_CHECKING:
     from genrec.serving.backends import CatalogUpdater
 
 GENERATIVE, RANKER = "generative", "ranker"
+
+logger = logging.getLogger("genrec.serving")
 
 
 @dataclass(frozen=True)
@@ -69,19 +85,87 @@ class CatalogChange:
 class ServiceCatalog:
     """One version number over the engine's generative catalog and an optional ranker
     catalog updater. ``catalog_version`` starts at ``version`` and grows by one per update
-    (never falling behind the version the ranker's updater reports, so with a DuoLM ranker it
-    equals the ranker table's version as long as every update touches the ranker).
+    (without a log, never falling behind the version the ranker's updater reports: with a
+    DuoLM ranker it equals the ranker table's version as long as every update touches it).
 
     ``compact_threshold``: delta items of the generative catalog that start a background
     compaction (``None``: :func:`~genrec.serving.compaction.compaction_threshold` of the
-    catalog size; 0: never compact)."""
+    catalog size; 0: never compact). ``log``: the durable log every update is appended to
+    (its version must be ``version``; ``None``: updates live in memory only; see
+    :meth:`from_dir`)."""
 
     def __init__(self, engine: Engine, ranker_updater: CatalogUpdater | None = None,
-                 version: int = 0, compact_threshold: int | None = None) -> None:
+                 version: int = 0, compact_threshold: int | None = None,
+                 log: CatalogLog | None = None) -> None:
         self.engine, self.ranker_updater = engine, ranker_updater
         self._version = int(version)
         self._lock = threading.Lock()  # serialises updates (and installs); readers never wait
         self.compactor = Compactor(engine, self._lock, compact_threshold)
+        self._pinned = log is not None  # versions one by one, the ranker's reports ignored
+        self.log: CatalogLog | None = None
+        self.folder: LogFolder | None = None
+        if log is not None:
+            self._attach(log)
+
+    @classmethod
+    def from_dir(cls, engine: Engine, ranker_updater: CatalogUpdater | None,
+                 state_dir: str | Path, version: int = 0, compact_threshold: int | None = None,
+                 fold: FoldPolicy | None = None, writable: bool = True) -> ServiceCatalog:
+        """The catalog kept in ``state_dir``: its base and logged updates replayed onto the
+        catalogs as ``engine`` and the ranker loaded them, the version restored; later updates
+        are logged there. ``version``: where a new directory starts (an existing one's wins).
+        ``fold``: log size that starts a background fold (default :class:`FoldPolicy`).
+        ``writable=False``: replay only, later updates in memory (a mirror of what another
+        process logs). Raises ``CatalogLogError`` when it cannot be replayed here."""
+        if writable:
+            log, stored = CatalogLog.open(state_dir, version, fold or FoldPolicy())
+        else:
+            log, stored = None, read_state(state_dir, version)
+        try:
+            catalog = cls(engine, ranker_updater, stored.after, compact_threshold)
+            catalog._pinned = True
+            if stored.base is not None:
+                install_base(stored.base, engine, ranker_updater)
+            catalog._replay(stored, log, Path(state_dir))
+            if log is not None:
+                catalog._attach(log)
+        except BaseException:
+            if log is not None:
+                log.close()
+            raise
+        return catalog
+
+    def _attach(self, log: CatalogLog) -> None:
+        if log.version != self._version:
+            raise ValueError(f"log: at version {log.version}, the catalog at {self._version}")
+        self.log, self.folder = log, LogFolder(log)
+
+    def _replay(self, stored: StoredCatalog, log: CatalogLog | None, where: Path) -> None:
+        # all records but the last as one net change per catalog (a few calls however many
+        # they are), then the last one alone: its refusal by the ranker drops it (see above)
+        head, last = stored.records[:-1], stored.records[-1:]
+        span = f"versions {stored.after + 1}..{stored.version}"
+        try:
+            for record in stored.records:
+                if record.op == "upsert":
+                    self.check(record.data)
+            if head:
+                with self._lock:
+                    install_updates([(r.op, r.data) for r in head], head[-1].version,
+                                    self.engine, self.ranker_updater, str(where))
+                    self._version = head[-1].version
+                    self.compactor.maybe_start()
+            prepared = [self.prepare(r.op, r.data) for r in last]
+        except (LookupError, ValueError) as err:  # each was validated before it was logged
+            raise CatalogLogError(f"{where}: {span} cannot be replayed here: {err}") from err
+        for record, update in zip(last, prepared, strict=True):
+            try:
+                self.apply(update)
+            except ValueError as err:  # the ranker's updater refused it: never acknowledged
+                logger.warning("%s: the last update (version %d), refused on replay, was never "
+                               "acknowledged: dropped (%s)", where, record.version, err)
+                if log is not None:
+                    log.discard_last()
 
     @property
     def catalog_version(self) -> int:
@@ -97,7 +181,7 @@ class ServiceCatalog:
     def for_ranker(item: dict[str, Any]) -> bool:
         """Whether an upsert item goes to the ranker: it has no ``semantic_id`` or it has
         other fields (text, vectors...)."""
-        return item.get("semantic_id") is None or bool(set(item) - {"item_id", "semantic_id"})
+        return ranker_part(item) is not None
 
     def split(self, items: list[dict[str, Any]]) -> tuple[list[tuple[int, list[int] | None]],
                                                           list[dict[str, Any]]]:
@@ -111,8 +195,7 @@ class ServiceCatalog:
                                  f"items[{seen[i]}])")
             seen[i] = k
         sids = [(it["item_id"], it.get("semantic_id")) for it in items]
-        ranker = [{key: v for key, v in it.items() if key != "semantic_id"} for it in items
-                  if self.for_ranker(it)]
+        ranker = [part for part in map(ranker_part, items) if part is not None]
         return sids, ranker
 
     def check(self, items: list[dict[str, Any]]) -> None:
@@ -168,12 +251,20 @@ class ServiceCatalog:
                 state, mine = update.state, update.generative
             else:
                 state, mine = self._generative(op, data, self.engine.catalog)
-            reported = None
-            if op == "upsert" and ranker_items:
-                reported = self.ranker_updater.upsert(ranker_items)
-            elif op == "retire" and self.ranker_updater is not None:
-                reported = self.ranker_updater.retire(data)
-            change = self._commit(state, reported)
+            version = self._version + 1
+            if self.log is not None:  # on disk before anything is installed
+                self.log.append(LogRecord(version, op, data))
+            try:
+                reported = None
+                if op == "upsert" and ranker_items:
+                    reported = self.ranker_updater.upsert(ranker_items)
+                elif op == "retire" and self.ranker_updater is not None:
+                    reported = self.ranker_updater.retire(data)
+            except BaseException:
+                if self.log is not None:  # refused: no record of it stays
+                    self.log.discard_last()
+                raise
+            change = self._commit(state, reported, version)
         if state is not None:
             change.catalogs[GENERATIVE] = mine
         if op == "upsert" and ranker_items:
@@ -207,17 +298,19 @@ class ServiceCatalog:
             mine = [i for i in data if 0 <= i < n]
         return (catalog.updated(retire=mine) if mine else None), mine
 
-    def _commit(self, state: Any, reported: Any) -> CatalogChange:
-        """Install the generative ``state`` (if any) under the next version; under the lock,
-        after every fallible step."""
-        version = self._version + 1
-        if reported is not None:
+    def _commit(self, state: Any, reported: Any, version: int) -> CatalogChange:
+        """Install the generative ``state`` (if any) under ``version`` (or the ranker's
+        ``reported`` one, if later and versions are not pinned); under the lock, after every
+        fallible step."""
+        if reported is not None and not self._pinned:
             reported = reported.version if isinstance(reported, CatalogChange) else reported
             version = max(version, int(reported))
         if state is not None:
             self.engine.set_catalog(state.with_version(version))  # the one swap readers see
             self.compactor.maybe_start()
         self._version = version
+        if self.folder is not None:
+            self.folder.maybe_start(self.engine.catalog)
         return CatalogChange(version)
 
     def stats(self, drain: bool = True) -> CatalogStats:
@@ -226,5 +319,10 @@ class ServiceCatalog:
         return self.compactor.stats(drain)
 
     def close(self, timeout_s: float = 1.0) -> None:
-        """Start no more compactions; wait up to ``timeout_s`` for a running one."""
+        """Start no more compactions or folds; wait up to ``timeout_s`` for running ones;
+        close the log (a fold still running after that fails, logged: the log stays as it
+        was before it)."""
         self.compactor.close(timeout_s)
+        if self.folder is not None:
+            self.folder.close(timeout_s)
+            self.log.close()

@@ -1,4 +1,5 @@
-"""Background compaction of the served generative catalog.
+"""Background compaction of the served generative catalog, and background folds of its
+durable log (:class:`LogFolder`, see :mod:`genrec.serving.catalog_log`).
 
 A live update costs O(changes + delta) (:meth:`CatalogState.updated`): the delta's trie and
 dead-rank lists are rebuilt each time, so the delta must stay small. Once it holds
@@ -23,14 +24,17 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from genrec.engine.catalog_update import member
+from genrec.serving.catalog_base import GenerativeBase
 
 if TYPE_CHECKING:
     from genrec.engine import Engine
     from genrec.engine.catalog_state import CatalogState
+    from genrec.serving.catalog_log import CatalogLog, LogMark
 
 log = logging.getLogger("genrec.serving")
 
@@ -90,20 +94,65 @@ def grew_from(current: CatalogState, snapshot: CatalogState) -> bool:
     return bool(member(current.delta_items, snapshot.delta_items).all())
 
 
-class Compactor:
+class BackgroundTask:
+    """Runs one job at a time in a daemon thread named ``name``, at a low CPU priority."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._mutex = threading.Lock()  # the thread slot (and subclasses' events; never long)
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def launch(self, job: Callable[..., None], *args: object) -> bool:
+        """Start ``job(*args)`` unless one runs or this is closed; True when it started."""
+        with self._mutex:
+            if self._closed or self._thread is not None:
+                return False
+            thread = self._thread = threading.Thread(target=self._body, args=(job, args),
+                                                     daemon=True, name=self.name)
+        thread.start()
+        return True
+
+    def _body(self, job: Callable[..., None], args: tuple) -> None:
+        _lower_priority()
+        try:
+            job(*args)
+        finally:
+            with self._mutex:
+                self._thread = None
+
+    @property
+    def running(self) -> bool:
+        """Whether a job is under way."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the running job (if any); True when none runs any more."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        return not self.running
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Start no more jobs, and wait up to ``timeout`` s for a running one."""
+        self._closed = True
+        self.wait(timeout)
+
+
+class Compactor(BackgroundTask):
     """Runs the background compactions of ``engine``'s generative catalog; ``lock`` is the
     lock every update installs its state under. ``threshold``: delta items that start one
-    (``None``: :func:`compaction_threshold` of the catalog size; 0: never)."""
+    (``None``: :func:`compaction_threshold` of the catalog size; 0: never). A compaction
+    that finishes after :meth:`close` is not installed."""
 
     def __init__(self, engine: Engine, lock: threading.Lock,
                  threshold: int | None = None) -> None:
         if threshold is not None and threshold < 0:
             raise ValueError(f"compact_threshold: must be >= 0, got {threshold}")
+        super().__init__("genrec-compaction")
         self.engine, self.lock, self.threshold = engine, lock, threshold
-        self._mutex = threading.Lock()  # the thread slot and the events (never held long)
-        self._thread: threading.Thread | None = None
         self._events: deque[CompactionEvent] = deque(maxlen=_MAX_EVENTS)
-        self._closed = False
         self.completed = 0  # compactions installed
 
     def due(self, state: CatalogState) -> bool:
@@ -114,28 +163,15 @@ class Compactor:
                  else self.threshold)
         return state.delta_items.numel() >= limit
 
-    @property
-    def running(self) -> bool:
-        """Whether a compaction is under way."""
-        thread = self._thread
-        return thread is not None and thread.is_alive()
-
     def maybe_start(self) -> bool:
         """Start a compaction of the installed state if it is due and none runs; call it with
         :attr:`lock` held, after installing a state. True when one started."""
         state = self.engine.catalog
         if self._closed or state is None or not self.due(state):
             return False
-        with self._mutex:
-            if self._thread is not None:
-                return False
-            thread = self._thread = threading.Thread(target=self._run, args=(state,),
-                                                     daemon=True, name="genrec-compaction")
-        thread.start()
-        return True
+        return self.launch(self._run, state)
 
     def _run(self, snapshot: CatalogState) -> None:
-        _lower_priority()
         start = time.perf_counter()
         size = int(snapshot.delta_items.numel())
         outcome = FAILED
@@ -155,7 +191,6 @@ class Compactor:
             event = CompactionEvent(outcome, time.perf_counter() - start, size)
             with self._mutex:
                 self._events.append(event)
-                self._thread = None
             if outcome != FAILED:
                 log.info("catalog compaction %s: %d delta items in %.2f s", outcome, size,
                          event.seconds)
@@ -171,15 +206,35 @@ class Compactor:
         size = int(state.delta_items.numel()) if state is not None else 0
         return CatalogStats(size, running, events)
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the running compaction (if any); True when none runs any more."""
-        thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
-        return not self.running
 
-    def close(self, timeout: float = 1.0) -> None:
-        """Start no more compactions, and wait up to ``timeout`` s for a running one (its
-        result is not installed)."""
-        self._closed = True
-        self.wait(timeout)
+class LogFolder(BackgroundTask):
+    """Folds a catalog ``log`` (:meth:`CatalogLog.fold`) in the background once it is due: a
+    new base of the catalog as of one version, the log then holding only the later records.
+    A failure is logged, never raised into an update (the next one tries again)."""
+
+    def __init__(self, log: CatalogLog) -> None:
+        super().__init__("genrec-catalog-fold")
+        self.log = log
+        self.completed = 0  # folds written
+
+    def maybe_start(self, state: CatalogState | None) -> bool:
+        """Start a fold if the log is due and none runs; call it with the catalog's lock held,
+        after an update, ``state`` being the generative catalog as of the log's last record.
+        True when one started."""
+        if self._closed or not self.log.due():
+            return False
+        return self.launch(self._run, self.log.mark(), state)
+
+    def _run(self, mark: LogMark, state: CatalogState | None) -> None:
+        start = time.perf_counter()
+        try:
+            generative = None
+            if state is not None:
+                codes, retired = state.export()
+                generative = GenerativeBase(codes, tuple(state.codebook_sizes), retired)
+            if self.log.fold(mark, generative):
+                self.completed += 1
+                log.info("catalog log folded at version %d in %.2f s", mark.version,
+                         time.perf_counter() - start)
+        except Exception:  # noqa: BLE001 - logged; requests and updates go on
+            log.exception("catalog log fold at version %d failed", mark.version)

@@ -42,6 +42,11 @@ def parse_prompt(catalog: CatalogState, prompt: list[int] | str,
             raise ValueError("prompt: the soft token (id 1) and user_vector go together"
                              if soft else "user_vector: the prompt has no soft token (id 1)")
         body = prompt[2 if soft else 1:]
+        limit = catalog.level_offsets[-1] + catalog.codebook_sizes[-1]
+        wild = [t for t in body if not 0 <= t < limit]
+        if wild:
+            raise ValueError(f"prompt: token id {wild[0]} is not a Semantic-ID token "
+                             f"({catalog.level_offsets[0]}..{limit - 1})")
         if len(body) % levels:
             raise ValueError(f"prompt: {len(body)} tokens after the header is not a whole "
                              f"number of {levels}-token Semantic IDs")

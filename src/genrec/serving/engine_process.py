@@ -4,19 +4,23 @@ In one process, the HTTP event loop and the engine's worker thread share one int
 with a small model, whose batches are many short tensor operations, the request handling and
 the engine take turns instead of running side by side. With ``--engine-process`` the engine
 batches run in a child process (spawned, so it has its own interpreter and torch threads) that
-loads the same model, ranker and catalog from the same :class:`~genrec.serving.ray_app.AppSpec`.
+builds a :class:`~genrec.serving.worker.Worker` over the same model, ranker and catalog, loaded
+from the same :class:`~genrec.serving.launch.AppSpec`.
 
-The server process keeps its own copy to check requests before they are queued (item ids,
-vector sizes, ...) and to answer metadata; the scheduler's worker thread sends each batch
-``(group, payloads)`` through a pipe and waits for the results (the batch runner of
-:func:`genrec.serving.backends.make_runner`, run in the child). A catalog update runs in the
-child first and, when it succeeded, the same update runs on the server's copy, so both stay at
-the same catalog version (the update is deterministic; a mismatch is reported as an error).
+:class:`EngineProcess` is the server side's :class:`~genrec.serving.worker.BatchWorker`: the
+scheduler's worker thread calls its :meth:`~EngineProcess.run`, which sends the batch
+(:class:`~genrec.serving.messages.Batch`) through a pipe and waits for the
+:class:`~genrec.serving.messages.Reply`. The server keeps a local worker of its own, over its
+own copy, to check requests before they are queued (item ids, vector sizes, ...) and to
+answer metadata. A catalog update runs in the child first and, when it succeeded there, on
+the local worker (an update prepared in this process is sent as its plain
+:class:`~genrec.serving.messages.CatalogOp`), so both stay at the same catalog version (the
+update is deterministic; a mismatch is reported as an error).
 
 The child's generative catalog compacts itself in the background (the engine that searches
 lives there; :mod:`genrec.serving.compaction`); so does the server's copy, independently (a
-compaction changes no version, so the mirroring is unaffected). Every :class:`Reply` carries
-the child's :class:`~genrec.serving.compaction.CatalogStats`, which the server's ``/metrics``
+compaction changes no version, so the mirroring is unaffected). Every reply carries the
+child's :class:`~genrec.serving.compaction.CatalogStats`, which the server's ``/metrics``
 reports.
 
 Errors: a ``ValueError`` in the child (bad input) comes back as ``ValueError`` with the same
@@ -32,36 +36,18 @@ import pickle
 import signal
 import threading
 from collections import deque
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from genrec.serving.catalog import PreparedUpdate
 from genrec.serving.compaction import CatalogStats, CompactionEvent
+from genrec.serving.messages import Batch, CatalogOp, CatalogUpdate, Message, Reply
+from genrec.serving.worker import Worker
 
 if TYPE_CHECKING:
-    from genrec.serving.ray_app import AppSpec
+    from genrec.serving.launch import AppSpec
 
-Runner = Callable[[Hashable, list[Any]], Sequence[Any]]
 _CLOSE = b""
 _MAX_EVENTS = 1024
-
-
-@dataclass(frozen=True)
-class Request:
-    """A batch for the engine process: the scheduler's group and its payloads."""
-
-    group: Hashable
-    payloads: list[Any]
-
-
-@dataclass(frozen=True)
-class Reply:
-    """The engine process's answer: ``ok`` and the results (or the error), and where its
-    generative catalog stands (``None``: it has none)."""
-
-    ok: bool
-    value: Any
-    catalog: CatalogStats | None = None
 
 
 class EngineGoneError(RuntimeError):
@@ -79,6 +65,11 @@ def _portable(err: BaseException) -> BaseException:
     return RuntimeError(f"{type(err).__name__}: {err}")
 
 
+def _plain(update: Any) -> Any:
+    # a prepared update holds this process's catalog states: the child gets its plain op
+    return CatalogOp(update.op, update.data) if isinstance(update, PreparedUpdate) else update
+
+
 def _child_main(spec: AppSpec, conn: Any) -> None:
     """The engine process: load, report ready, then run batches until told to stop."""
     # Ctrl-C reaches the whole process group: the server drains first, then closes this
@@ -86,51 +77,45 @@ def _child_main(spec: AppSpec, conn: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        from genrec.serving.backends import make_runner
-        from genrec.serving.ray_app import load_components
+        from genrec.serving.launch import build_worker, load_components
         from genrec.serving.server import freeze_heap
-        from genrec.serving.service import Service
 
-        parts = load_components(spec)
-        service = Service(parts.engine, None, parts.ranker, parts.updater,  # type: ignore[arg-type]
-                          parts.tokenizer, compact_threshold=spec.config.compact_threshold)
-        run = make_runner(parts.engine, parts.ranker, service.catalog_version,
-                          lambda: service.catalog)
+        worker = build_worker(load_components(spec), spec.config)
         freeze_heap()  # loaded: full collections skip it from now on
         conn.send_bytes(_dump(Reply(True, None)))
     except BaseException as err:  # noqa: BLE001 - reported to the server, which stops
         conn.send_bytes(_dump(Reply(False, _portable(err))))
         return
-
-    def stats() -> CatalogStats | None:
-        generative = service.catalog is not None and service.catalog.generative
-        return service.catalog.stats() if generative else None
-
     while True:
         try:
-            message = conn.recv_bytes()
+            data = conn.recv_bytes()
         except (EOFError, OSError):
             return
-        if message == _CLOSE:
-            if service.catalog is not None:
-                service.catalog.close()
+        if data == _CLOSE:
+            worker.close()
             return
-        request: Request = pickle.loads(message)
+        batch: Batch = pickle.loads(data)
         try:
-            data = _dump(Reply(True, list(run(request.group, request.payloads)), stats()))
+            reply = Reply(True, list(worker.run(batch.message, batch.payloads)),
+                          worker.catalog_stats())
         except BaseException as err:  # noqa: BLE001 - the batch's error, sent back
-            data = _dump(Reply(False, _portable(err), stats()))
-        conn.send_bytes(data)
+            reply = Reply(False, _portable(err), worker.catalog_stats())
+        conn.send_bytes(_dump(reply))
 
 
 class EngineProcess:
-    """A child process running engine batches for the server (see the module docstring).
+    """A child process running the batches of ``local``'s server (see the module
+    docstring): a :class:`~genrec.serving.worker.BatchWorker` whose ``engine``, ``ranker``
+    and ``catalog`` are ``local``'s.
 
     Starts on construction and waits until the child has loaded everything (raises
     ``RuntimeError`` with the child's error otherwise); :meth:`close` stops it.
     """
 
-    def __init__(self, spec: AppSpec, start_timeout_s: float = 600.0) -> None:
+    def __init__(self, spec: AppSpec, local: Worker, start_timeout_s: float = 600.0) -> None:
+        self.local = local
+        # this process's copies: requests are checked against them
+        self.engine, self.ranker, self.catalog = local.engine, local.ranker, local.catalog
         ctx = mp.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
         self._proc = ctx.Process(target=_child_main, args=(spec, child_conn),
@@ -147,7 +132,13 @@ class EngineProcess:
             raise RuntimeError(f"the engine process failed to start: {reply.value}")
 
     @property
+    def catalog_version(self) -> int:
+        """The one catalog version (the child's, mirrored here)."""
+        return self.local.catalog_version
+
+    @property
     def pid(self) -> int | None:
+        """The child's process id."""
         return self._proc.pid
 
     @property
@@ -168,11 +159,11 @@ class EngineProcess:
         except (EOFError, OSError) as err:
             raise EngineGoneError(f"the engine process is gone ({err})") from None
 
-    def call(self, group: Hashable, payloads: list[Any]) -> list[Any]:
-        """Run one batch in the child; its results, or its error raised here."""
+    def call(self, message: Message, payloads: list[Any]) -> list[Any]:
+        """Run one batch in the child alone; its results, or its error raised here."""
         with self._lock:
             try:
-                self._conn.send_bytes(_dump(Request(group, payloads)))
+                self._conn.send_bytes(_dump(Batch(message, [_plain(p) for p in payloads])))
             except (OSError, ValueError) as err:
                 raise EngineGoneError(f"the engine process is gone ({err})") from None
             reply = self._receive()
@@ -184,6 +175,18 @@ class EngineProcess:
             raise reply.value
         return reply.value
 
+    def run(self, message: Message, payloads: list[Any]) -> list[Any]:
+        """The scheduler's runner: the batch runs in the child; a catalog update then runs on
+        the local worker too, when it succeeded there."""
+        results = self.call(message, payloads)
+        if isinstance(message, CatalogUpdate):
+            remote = [change.version for change in results]
+            here = [change.version for change in self.local.run(message, payloads)]
+            if remote != here:
+                raise RuntimeError(f"catalog versions diverged: engine process {remote}, "
+                                   f"server {here}")
+        return results
+
     def catalog_stats(self) -> CatalogStats | None:
         """The child's generative catalog as of its last answer (``None``: none reported);
         the compactions it reported since the last call."""
@@ -194,24 +197,9 @@ class EngineProcess:
             events.append(self._events.popleft())
         return CatalogStats(self._delta_items, self._compacting, tuple(events))
 
-    def runner(self, local: Runner) -> Runner:
-        """The scheduler's runner: batches run in the child; catalog updates run in the child,
-        then on ``local`` (this process's copy) when they succeeded there."""
-        def run(group: Hashable, payloads: list[Any]) -> Sequence[Any]:
-            results = self.call(group, payloads)
-            if group[0] == "catalog":
-                mirrored = list(local(group, payloads))
-                remote = [getattr(r, "version", r) for r in results]
-                here = [getattr(r, "version", r) for r in mirrored]
-                if remote != here:
-                    raise RuntimeError(f"catalog versions diverged: engine process {remote}, "
-                                       f"server {here}")
-            return results
-
-        return run
-
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the child (it finishes the batch it runs), killing it after ``timeout_s``."""
+        """Stop the child (it finishes the batch it runs), killing it after ``timeout_s``;
+        then close the local worker."""
         if self._proc.is_alive():
             try:
                 with self._lock:
@@ -223,3 +211,4 @@ class EngineProcess:
                 self._proc.kill()
                 self._proc.join(timeout_s)
         self._conn.close()
+        self.local.close()

@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -61,9 +61,8 @@ class ServerMetrics:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
         self.latency.labels(endpoint=endpoint).observe(seconds)
 
-    def observe_batch(self, group: Hashable, size: int, seconds: float) -> None:
-        """Record one engine batch (``group[0]`` is its kind when the group is a tuple)."""
-        kind = str(group[0] if isinstance(group, tuple) and group else group)
+    def observe_batch(self, kind: str, size: int, seconds: float) -> None:
+        """Record one engine batch of ``kind`` (a message's kind: ``recommend``, ...)."""
         self.batch_size.labels(kind=kind).observe(size)
         self.batch_seconds.labels(kind=kind).observe(seconds)
 

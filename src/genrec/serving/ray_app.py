@@ -2,11 +2,11 @@
 (``genrec serve --ray --replicas N``).
 
 Each replica is a separate process that loads the model itself from the same paths (one
-:class:`AppSpec`) and builds the app with :func:`load_app`, the loader of the single-process
-``genrec serve``: routes, dynamic batching, errors, draining and metrics are the same, per
-replica. Ray Serve's HTTP proxy listens on the given host and port and spreads the requests
-over the replicas; every answer carries ``X-Genrec-Replica``, the id of the replica that
-served it.
+:class:`~genrec.serving.launch.AppSpec`) and builds the app with
+:func:`~genrec.serving.launch.load_app`, the loader of the single-process ``genrec serve``:
+routes, dynamic batching, errors, draining and metrics are the same, per replica. Ray
+Serve's HTTP proxy listens on the given host and port and spreads the requests over the
+replicas; every answer carries ``X-Genrec-Replica``, the id of the replica that served it.
 
 Per replica, not shared: ``/metrics`` (a scrape through the proxy reaches one replica) and
 the catalog. Catalog updates (``/v1/catalog/items``) are therefore refused with 400 when
@@ -23,11 +23,9 @@ import os
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from genrec.serving.app import ServeConfig
+from genrec.serving.launch import AppSpec, load_app
 from genrec.serving.server import freeze_heap
 
 if TYPE_CHECKING:
@@ -37,87 +35,6 @@ REPLICA_HEADER = "X-Genrec-Replica"
 APP_NAME = "genrec"
 CATALOG_PATH = "/v1/catalog/items"
 RAY_MISSING = "--ray needs Ray Serve: pip install 'genrec[ray]'"
-
-
-@dataclass(frozen=True)
-class AppSpec:
-    """Where a server loads its model from, and its settings: what each replica receives."""
-
-    model: str
-    ranker: str | None = None
-    catalog: str | None = None
-    tokenizer: str | None = None
-    device: str = "cpu"
-    dtype: str | None = None
-    threads: int | None = None
-    config: ServeConfig = field(default_factory=ServeConfig)
-
-    @classmethod
-    def of(cls, model: Path | str, ranker: Path | str | None = None,
-           catalog: Path | str | None = None, tokenizer: Path | str | None = None,
-           **kwargs: Any) -> AppSpec:
-        """A spec with the paths made absolute (replicas may not share the working
-        directory)."""
-        def absolute(p: Path | str | None) -> str | None:
-            return None if p is None else str(Path(p).expanduser().absolute())
-
-        return cls(absolute(model), absolute(ranker), absolute(catalog), absolute(tokenizer),
-                   **kwargs)
-
-    def check(self) -> None:
-        """Raise ValueError naming the option of a path that does not exist: a quick check
-        before starting replicas, which would each fail to load."""
-        if not (Path(self.model) / "config.json").is_file():
-            raise ValueError(f"--model {self.model}: not a checkpoint directory (no "
-                             f"config.json)")
-        for name in ("ranker", "catalog", "tokenizer"):
-            path = getattr(self, name)
-            if path is not None and not Path(path).exists():
-                raise ValueError(f"--{name} {path}: no such file or directory")
-
-
-@dataclass
-class Components:
-    """What a server runs: the engine and the optional ranker, catalog updater, tokenizer."""
-
-    engine: Any
-    ranker: Any = None
-    updater: Any = None
-    tokenizer: Any = None
-
-
-def load_components(spec: AppSpec) -> Components:
-    """Load the engine (and ranker, catalog updater, tokenizer) named by ``spec``. Raises
-    ValueError / RuntimeError / OSError (a bad checkpoint, a missing package)."""
-    from genrec.commands.generative import resolve_device
-    from genrec.engine import Engine
-    from genrec.serving.backends import load_catalog_updater, load_ranker, load_tokenizer
-
-    dev = resolve_device(spec.device, spec.threads)
-    engine = Engine.from_pretrained(spec.model, dtype=spec.dtype, device=dev)
-    ranker = (load_ranker(spec.ranker, spec.catalog, dev, spec.dtype)
-              if spec.ranker is not None else None)
-    updater = load_catalog_updater(spec.catalog, ranker) if spec.catalog is not None else None
-    tokenizer = load_tokenizer(spec.tokenizer) if spec.tokenizer is not None else None
-    return Components(engine, ranker, updater, tokenizer)
-
-
-def load_app(spec: AppSpec, device: str | None = None) -> FastAPI:
-    """Load what ``spec`` names (:func:`load_components`) and build the app with
-    :func:`genrec.serving.create_app`; with ``spec.config.engine_process``, engine batches
-    run in a child process that loads the same (:mod:`genrec.serving.engine_process`).
-
-    Raises ValueError / RuntimeError / OSError (a bad checkpoint, a missing package).
-    """
-    from genrec.serving.app import create_app
-    from genrec.serving.engine_process import EngineProcess
-
-    if device is not None:
-        spec = replace(spec, device=device)
-    parts = load_components(spec)
-    child = EngineProcess(spec) if spec.config.engine_process else None
-    return create_app(parts.engine, ranker=parts.ranker, catalog_updater=parts.updater,
-                      tokenizer=parts.tokenizer, config=spec.config, engine_process=child)
 
 
 class ReplicaMiddleware:

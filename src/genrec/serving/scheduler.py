@@ -1,11 +1,12 @@
 """Dynamic batching between asyncio request handlers and one engine worker thread.
 
 Handlers ``await scheduler.submit(group, payload)``. Jobs wait in a bounded queue; a worker
-thread takes up to ``max_batch_size`` jobs of the *same group* (a hashable key such as
-``("recommend", beam_width, n)``: jobs of one group can share one engine call), waiting at most
-``max_wait_ms`` after the oldest job arrived, and calls ``runner(group, payloads)`` once for
-the whole batch. Jobs that arrive while the engine runs a batch queue up and form the next
-batch, which is taken as soon as the engine is free (collection overlaps execution).
+thread takes up to ``max_batch_size`` jobs of the *same group* (a hashable key; the server's
+are the messages of :mod:`genrec.serving.messages`, such as ``RecommendBatch(beam_width, n)``:
+jobs of one group can share one engine call), waiting at most ``max_wait_ms`` after the
+oldest job arrived, and calls ``runner(group, payloads)`` once for the whole batch. Jobs that
+arrive while the engine runs a batch queue up and form the next batch, which is taken as soon
+as the engine is free (collection overlaps execution).
 
 Failure isolation: when the batched call raises ``ValueError`` (the engine's ``InputError``
 for bad input), every member is rerun alone, so one bad request fails only itself.

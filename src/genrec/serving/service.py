@@ -15,13 +15,15 @@ from typing import Any
 
 import torch
 
-from genrec.engine import Engine, RecommendRequest, ScoreRequest
+from genrec.engine import RecommendRequest, ScoreRequest
 from genrec.engine.catalog_state import CatalogState
 from genrec.serving import schemas as S
-from genrec.serving.backends import CatalogUpdater, Ranker, RankRequest
-from genrec.serving.catalog import CatalogChange, PreparedUpdate, ServiceCatalog
+from genrec.serving.backends import RankRequest
+from genrec.serving.catalog import CatalogChange, ServiceCatalog
 from genrec.serving.completions import item_text, parse_prompt
+from genrec.serving.messages import CatalogUpdate, RankBatch, RecommendBatch, ScoreBatch
 from genrec.serving.scheduler import BatchScheduler
+from genrec.serving.worker import BatchWorker
 
 
 class ApiError(Exception):
@@ -33,43 +35,27 @@ class ApiError(Exception):
 
 
 class Service:
-    """Engine, optional ranker / catalog updater / tokenizer, and the scheduler they run on;
-    ``compact_threshold`` is the service catalog's (see :class:`ServiceCatalog`).
-    ``prepare_updates``: build each catalog update's generative state off the engine's worker
-    thread before queueing it (only when the batches run on this process's engine)."""
+    """The endpoints over ``worker`` (its engine, ranker and catalog check the requests) and
+    the scheduler that runs the batches on it; ``tokenizer`` (optional) turns text of
+    ``/v1/score`` into token ids, ``model_name`` is the answers' default ``model``."""
 
-    def __init__(self, engine: Engine, scheduler: BatchScheduler, ranker: Ranker | None = None,
-                 catalog_updater: CatalogUpdater | None = None, tokenizer: Any = None,
-                 model_name: str = "genrec", compact_threshold: int | None = None,
-                 prepare_updates: bool = False) -> None:
-        self.engine, self.scheduler, self.ranker = engine, scheduler, ranker
-        self.catalog_updater, self.tokenizer = catalog_updater, tokenizer
-        self.model_name, self.prepare_updates = model_name, prepare_updates
+    def __init__(self, worker: BatchWorker, scheduler: BatchScheduler, tokenizer: Any = None,
+                 model_name: str = "genrec") -> None:
+        self.worker, self.scheduler = worker, scheduler
+        self.engine, self.ranker = worker.engine, worker.ranker
+        self.tokenizer, self.model_name = tokenizer, model_name
         self._seq = itertools.count()
         self._updating = asyncio.Lock()  # updates prepared and queued one at a time, in order
-        # The served catalog (generative catalog of the engine + the ranker's, through the
-        # updater) under one version number; None when nothing can be updated.
-        self.catalog: ServiceCatalog | None = None
-        if isinstance(catalog_updater, ServiceCatalog):
-            self.catalog = catalog_updater
-        elif catalog_updater is not None or engine.catalog is not None:
-            self.catalog = ServiceCatalog(engine, catalog_updater, self._initial_version(),
-                                          compact_threshold)
 
-    def _initial_version(self) -> int:
-        """The ranker's version, else the engine's item table's, else its generative
-        catalog's, else 0."""
-        if self.ranker is not None:
-            return int(self.ranker.catalog_version)
-        if self.engine.item_table is not None:
-            return self.engine.item_table.version
-        return self.engine.catalog.version if self.engine.catalog is not None else 0
+    @property
+    def catalog(self) -> ServiceCatalog | None:
+        """The served catalog (generative catalog of the engine + the ranker's, through the
+        updater) under one version number; None when nothing can be updated."""
+        return self.worker.catalog
 
     def catalog_version(self) -> int:
         """The one catalog version of the service (both catalogs, every response, metrics)."""
-        if self.catalog is not None:
-            return self.catalog.catalog_version
-        return self._initial_version()
+        return self.worker.catalog_version
 
     # -- /v1/recommend -----------------------------------------------------------------------
 
@@ -113,8 +99,9 @@ class Service:
                                           body.allow)
         n = body.beam_width if body.rerank else body.n
         for attempt in range(3):
-            rec, version = await self.scheduler.submit(("recommend", body.beam_width, n),
-                                                       request, deadline_ms)
+            found = await self.scheduler.submit(RecommendBatch(body.beam_width, n), request,
+                                                deadline_ms)
+            rec, version = found.value, found.catalog_version
             if not body.rerank:
                 return {"items": rec.items, "scores": rec.scores, "catalog_version": version}
             try:
@@ -133,11 +120,11 @@ class Service:
             return {"items": [], "scores": [], "catalog_version": self.catalog_version()}
         request = RankRequest(history=body.history, candidates=items,
                               user_vector=body.user_vector)
-        scores, version = await self.scheduler.submit(("rank",), request, deadline_ms)
-        values = torch.as_tensor(scores, dtype=torch.float32).reshape(-1)
+        ranked = await self.scheduler.submit(RankBatch(), request, deadline_ms)
+        values = torch.as_tensor(ranked.value, dtype=torch.float32).reshape(-1)
         top = torch.argsort(values, descending=True, stable=True)[: body.n].tolist()
         return {"items": [items[i] for i in top], "scores": [float(values[i]) for i in top],
-                "catalog_version": version}
+                "catalog_version": ranked.catalog_version}
 
     # -- /v1/rank ----------------------------------------------------------------------------
 
@@ -147,12 +134,12 @@ class Service:
             raise ApiError(400, "no ranker loaded")
         request = RankRequest(history=body.history, candidates=body.candidates,
                               user_vector=body.user_vector)
-        scores, version = await self.scheduler.submit(("rank",), request, deadline_ms)
-        values = torch.as_tensor(scores, dtype=torch.float32).reshape(-1).tolist()
+        ranked = await self.scheduler.submit(RankBatch(), request, deadline_ms)
+        values = torch.as_tensor(ranked.value, dtype=torch.float32).reshape(-1).tolist()
         if len(values) != len(body.candidates):
             raise RuntimeError(f"ranker returned {len(values)} scores for "
                                f"{len(body.candidates)} candidates")
-        return {"scores": values, "catalog_version": version}
+        return {"scores": values, "catalog_version": ranked.catalog_version}
 
     # -- /v1/score ---------------------------------------------------------------------------
 
@@ -214,9 +201,9 @@ class Service:
         requests, shared, n_tokens = self.score_requests(body)
         scores: list[list[float]] = []
         if requests:
-            group = ("score", tuple(body.label_token_ids), body.apply_softmax)
-            result, _ = await self.scheduler.submit(group, requests, deadline_ms)
-            values = torch.cat(result, dim=0)
+            message = ScoreBatch(tuple(body.label_token_ids), body.apply_softmax)
+            result = await self.scheduler.submit(message, requests, deadline_ms)
+            values = torch.cat(result.value, dim=0)
             scores = (values if body.apply_softmax else values.exp()).tolist()
         return {"scores": scores, "model": body.model or self.model_name,
                 "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
@@ -240,8 +227,9 @@ class Service:
             raise ValueError(f"max_tokens: one item takes {levels} tokens, got {body.max_tokens}")
         history = parse_prompt(self._catalog(), body.prompt, body.user_vector)
         request = self._recommend_request(history, body.user_vector, field="prompt")
-        rec, _ = await self.scheduler.submit(("recommend", best_of, body.n), request,
-                                             deadline_ms)
+        found = await self.scheduler.submit(RecommendBatch(best_of, body.n), request,
+                                            deadline_ms)
+        rec = found.value
         catalog = self._catalog()
         choices = [{"index": k, "text": item_text(catalog, item), "item_id": item, "score": score,
                     "logprobs": None, "finish_reason": "length"}
@@ -268,23 +256,21 @@ class Service:
         if catalog is None:
             raise ApiError(400, "no catalog updater")
         if op == "upsert":
-            items = [{k: v for k, v in it.items() if k != "semantic_id" or v is not None}
-                     for it in payload]
+            data = [{k: v for k, v in it.items() if k != "semantic_id" or v is not None}
+                    for it in payload]
             try:
-                catalog.check(items)
-                catalog.split(items)
+                catalog.check(data)
+                catalog.split(data)
             except LookupError as err:
                 raise ApiError(400, str(err)) from None
-            update = ("upsert", items)
         elif op == "retire":
-            update = ("retire", list(payload))
+            data = list(payload)
         else:
             raise RuntimeError(f"unknown catalog operation {op!r}")
         async with self._updating:
-            queued: tuple | PreparedUpdate = update
-            if self.prepare_updates:  # built beside the batches: the worker only swaps it in
-                queued = await asyncio.to_thread(catalog.prepare, *update)
-            change: CatalogChange = await self.scheduler.submit(("catalog", next(self._seq)),
-                                                                queued, deadline_ms)
+            # built beside the batches: the worker only swaps it in
+            prepared = await asyncio.to_thread(catalog.prepare, op, data)
+            change: CatalogChange = await self.scheduler.submit(
+                CatalogUpdate(next(self._seq)), prepared, deadline_ms)
         return {"catalog_version": change.version, "count": len(payload),
                 "catalogs": change.catalogs}

@@ -1,0 +1,310 @@
+"""The served catalog on disk: an append-only log of update records
+(:mod:`genrec.serving.catalog_log_format`) beside a base snapshot
+(:mod:`genrec.serving.catalog_base`), in one state directory (see
+:meth:`genrec.serving.catalog.ServiceCatalog.from_dir`).
+
+:meth:`CatalogLog.append` writes one record, flushes and fsyncs before returning: that is the
+acknowledgement point. On open, a torn tail (a crash mid-write) is cut off (the file truncated
+to the last good record, with a warning); corruption or a version that goes back is a
+:class:`CatalogLogError`. A failed write leaves the log unusable until the process restarts
+(what reached the disk is unknown).
+
+:meth:`CatalogLog.fold` writes ``base-V.pt`` durably, then replaces the log by one holding
+only the records after V (temp file, fsync, rename, fsync of the directory), then removes the
+older bases. A crash between the steps opens to the same catalog: the newest readable base,
+then the log's records after it. One process writes a directory at a time (a lock file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from genrec.serving.catalog_base import (
+    CatalogBase,
+    GenerativeBase,
+    base_files,
+    fold_ranker,
+    read_base,
+    sync_dir,
+    write_base,
+)
+from genrec.serving.catalog_log_format import (
+    FORMAT,
+    OPS,
+    CatalogLogError,
+    LogRecord,
+    LogScan,
+    frame,
+    scan_log,
+)
+from genrec.utils.atomic import atomic_write
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: no guard against a second writer there
+    fcntl = None  # type: ignore[assignment]
+
+logger = logging.getLogger("genrec.serving")
+
+LOG_FILE, LOCK_FILE = "catalog.log", "lock"
+
+
+@dataclass(frozen=True)
+class FoldPolicy:
+    """Log size past which a fold is due: ``records`` since the base or ``bytes`` of records
+    (0: no bound of that kind; both 0: never fold)."""
+
+    records: int = 100_000
+    bytes: int = 64 << 20
+
+
+@dataclass(frozen=True)
+class StoredCatalog:
+    """What a state directory holds: the ``base`` (``None``: the catalogs as the server loads
+    them), the version ``after`` that the ``records`` follow."""
+
+    after: int
+    base: CatalogBase | None
+    records: tuple[LogRecord, ...]
+
+    @property
+    def version(self) -> int:
+        """The catalog version these make."""
+        return self.records[-1].version if self.records else self.after
+
+
+@dataclass(frozen=True)
+class LogMark:
+    """A point in the log: the ``version`` reached there and the byte ``offset`` after it."""
+
+    version: int
+    offset: int
+
+
+def _newest_base(directory: Path, after: int, required: bool) -> CatalogBase | None:
+    # the newest readable base not older than the log's start
+    for version, path in sorted(base_files(directory).items(), reverse=True):
+        if version < after:
+            break
+        try:
+            return read_base(path)
+        except CatalogLogError as err:
+            logger.warning("%s; trying an older base", err)
+    if required:
+        raise CatalogLogError(f"{directory / LOG_FILE}: follows base-{after}.pt, and no "
+                              f"readable base of version >= {after} is there")
+    return None
+
+
+def read_state(directory: str | Path, start_version: int | None = None) -> StoredCatalog:
+    """The base and the records of a state directory (read-only: a torn tail is ignored).
+    With ``start_version``, a directory without a log yet (nothing logged) holds no records
+    after that version. Raises :class:`CatalogLogError` for corruption or a version that
+    goes back."""
+    directory = Path(directory)
+    if (start_version is not None and not (directory / LOG_FILE).exists()
+            and not (directory.is_dir() and base_files(directory))):
+        return StoredCatalog(int(start_version), None, ())
+    return _read(directory)[0]
+
+
+def _read(directory: Path) -> tuple[StoredCatalog, LogScan]:
+    path = directory / LOG_FILE
+    if not path.is_file():
+        raise CatalogLogError(f"{path}: no catalog log")
+    scan = scan_log(path)
+    after = scan.header["after"]
+    base = _newest_base(directory, after, bool(scan.header.get("base")))
+    records = tuple(r for _, r in scan.records)
+    if base is not None and base.version > after:  # a crash during a fold: the base is newer
+        last = records[-1].version if records else after
+        if last < base.version:
+            raise CatalogLogError(f"{path}: ends at version {last}, before base-{base.version}"
+                                  f".pt: versions go back")
+        after, records = base.version, tuple(r for r in records if r.version > base.version)
+    return StoredCatalog(after, base, records), scan
+
+
+def _lock(directory: Path) -> Any:
+    # the directory's lock file, locked (released when closed, or when the process dies)
+    lock_file = open(directory / LOCK_FILE, "a")  # held while the log is open
+    if fcntl is not None:
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock_file.close()
+            raise CatalogLogError(f"{directory}: in use by another process") from None
+    return lock_file
+
+
+def _write_log(path: Path, after: int, base: bool, tail: bytes = b"") -> int:
+    # a new log (header + ``tail``) put in place durably; its header's size
+    header = frame({"format": FORMAT, "after": after, "base": base})
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(header + tail))
+    sync_dir(path.parent)
+    return len(header)
+
+
+class CatalogLog:
+    """The log of a state directory, open for appending (:meth:`open`); ``policy`` says when
+    :meth:`due` says a fold is due. Thread-safe: appends, discards and the swap of a fold are
+    serialised."""
+
+    def __init__(self, directory: Path, lock_file: Any, stored: StoredCatalog, scan: LogScan,
+                 policy: FoldPolicy) -> None:
+        self.directory, self.path, self.policy = directory, directory / LOG_FILE, policy
+        self._mutex = threading.Lock()
+        self._lock_file = lock_file
+        self._file = open(self.path, "ab", buffering=0)
+        self._header_end, self._size = scan.header_end, scan.end
+        self._last = scan.records[-1][0] if scan.records else None  # last record's offset
+        self._base_version = stored.base.version if stored.base is not None else None
+        self._version, self._count = stored.version, len(stored.records)
+        self.broken: BaseException | None = None
+        self._closed = False
+
+    @classmethod
+    def open(cls, directory: str | Path, start_version: int = 0,
+             policy: FoldPolicy | None = None) -> tuple[CatalogLog, StoredCatalog]:
+        """Open (or create, starting at ``start_version``) the state directory; returns the
+        log and what it holds. A torn tail is cut off here. Raises :class:`CatalogLogError`
+        when another process has the directory open."""
+        directory = Path(directory)
+        if not directory.is_dir():
+            directory.mkdir(parents=True)
+            sync_dir(directory.parent)
+        lock_file = _lock(directory)
+        try:
+            for stale in directory.glob(".*.tmp"):  # an atomic write a crash interrupted
+                stale.unlink()
+            path = directory / LOG_FILE
+            if not path.exists():
+                if base_files(directory):
+                    raise CatalogLogError(f"{directory}: base files but no {LOG_FILE}")
+                _write_log(path, int(start_version), False)
+            stored, scan = _read(directory)
+            log = cls(directory, lock_file, stored, scan, policy or FoldPolicy())
+        except BaseException:
+            lock_file.close()
+            raise
+        if scan.end < scan.size:
+            logger.warning("%s: cut off a torn record at offset %d (%d bytes): a write a "
+                           "crash interrupted, never acknowledged", path, scan.end,
+                           scan.size - scan.end)
+            with log._mutex:
+                log._cut(scan.end)
+        return log, stored
+
+    @property
+    def version(self) -> int:
+        """The version of the last record (or of the base the log follows)."""
+        return self._version
+
+    def _usable(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self.path}: the log is closed")
+        if self.broken is not None:
+            raise RuntimeError(f"{self.path}: a write failed ({self.broken}); restart to "
+                               f"recover the catalog from disk") from self.broken
+
+    def append(self, record: LogRecord) -> None:
+        """Write ``record`` (the next version) durably: returns once it is fsynced."""
+        if record.op not in OPS:
+            raise ValueError(f"unknown catalog operation {record.op!r}")
+        body = frame({"version": record.version, "op": record.op, "data": record.data})
+        with self._mutex:
+            self._usable()
+            if record.version != self._version + 1:
+                raise RuntimeError(f"{self.path}: version {record.version} after "
+                                   f"{self._version}: versions go one by one")
+            try:
+                view = memoryview(body)
+                while view:  # unbuffered: nothing of a failed write is left to flush later
+                    view = view[self._file.write(view):]
+                os.fsync(self._file.fileno())
+            except BaseException as err:
+                self.broken = err  # what reached the disk is unknown: no more appends
+                with contextlib.suppress(Exception):  # but none of this record, if possible
+                    self._file.truncate(self._size)
+                    os.fsync(self._file.fileno())
+                raise
+            self._last, self._size = self._size, self._size + len(body)
+            self._version, self._count = record.version, self._count + 1
+
+    def discard_last(self) -> None:
+        """Cut off the record just appended (its update was refused before it was
+        installed), durably."""
+        with self._mutex:
+            self._usable()
+            if self._last is None:
+                raise RuntimeError(f"{self.path}: no appended record to discard")
+            self._cut(self._last)
+            self._last, self._version, self._count = None, self._version - 1, self._count - 1
+
+    def _cut(self, offset: int) -> None:
+        try:
+            self._file.truncate(offset)
+            os.fsync(self._file.fileno())
+        except BaseException as err:
+            self.broken = err
+            raise
+        self._size = offset
+
+    def due(self) -> bool:
+        """Whether the log has grown past a fold bound."""
+        records, size = self.policy.records, self.policy.bytes
+        return bool((records and self._count >= records)
+                    or (size and self._size - self._header_end >= size))
+
+    def mark(self) -> LogMark:
+        """Where the log is now (take it with the catalog as of that version)."""
+        with self._mutex:
+            return LogMark(self._version, self._size)
+
+    def fold(self, mark: LogMark, generative: GenerativeBase | None) -> bool:
+        """Write the base of ``mark`` (``generative``: the generative catalog as of that
+        version), then keep only the later records in the log. False: nothing to fold."""
+        if self._base_version is not None and mark.version <= self._base_version:
+            return False
+        scan = scan_log(self.path, mark.offset)
+        net = {}
+        if self._base_version is not None:
+            net = read_base(base_files(self.directory)[self._base_version]).ranker
+        done = self._base_version if self._base_version is not None else scan.header["after"]
+        net = fold_ranker(net, ((r.op, r.data) for _, r in scan.records if r.version > done))
+        write_base(self.directory, CatalogBase(mark.version, generative, net))
+        with self._mutex:  # no append runs during the swap: none is lost
+            self._usable()
+            try:  # a failure may leave the handle on the replaced file: then stop appending
+                with open(self.path, "rb") as f:
+                    f.seek(mark.offset)
+                    tail = f.read(self._size - mark.offset)
+                header_end = _write_log(self.path, mark.version, True, tail)
+                self._file.close()
+                self._file = open(self.path, "ab", buffering=0)
+            except BaseException as err:
+                self.broken = err
+                raise
+            shift = header_end - mark.offset
+            self._header_end, self._size = header_end, self._size + shift
+            if self._last is not None:
+                self._last = self._last + shift if self._last >= mark.offset else None
+            self._base_version, self._count = mark.version, self._version - mark.version
+        for version, path in base_files(self.directory).items():
+            if version < mark.version:
+                path.unlink()
+        sync_dir(self.directory)
+        return True
+
+    def close(self) -> None:
+        """Close the files (the directory's lock is released)."""
+        with self._mutex:
+            self._closed = True
+            self._file.close()
+            self._lock_file.close()

@@ -1,0 +1,171 @@
+"""What runs the batches: the engine, the ranker and the served catalog under one catalog
+version, with one method per message kind (:mod:`genrec.serving.messages`).
+
+The batch scheduler's runner is :meth:`Worker.run` (or the same method of an engine-process
+proxy, :class:`~genrec.serving.engine_process.EngineProcess`): it is called on the
+scheduler's worker thread only, so a catalog update never runs during a batch and each batch
+reads one catalog version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from genrec.engine import (
+    BeamParams,
+    Engine,
+    Recommendation,
+    RecommendRequest,
+    ScoreParams,
+    ScoreRequest,
+)
+from genrec.serving.backends import CatalogUpdater, Ranker, RankRequest
+from genrec.serving.catalog import CatalogChange, PreparedUpdate, ServiceCatalog
+from genrec.serving.compaction import CatalogStats
+from genrec.serving.messages import (
+    CatalogOp,
+    CatalogUpdate,
+    Message,
+    RankBatch,
+    RecommendBatch,
+    ScoreBatch,
+    Versioned,
+)
+
+
+class BatchWorker(Protocol):
+    """What the server runs batches on: a :class:`Worker`, or a proxy running them in another
+    process. ``engine``, ``ranker`` and ``catalog`` are this process's (requests are checked
+    against them before they are queued); ``catalog_version`` is the one version of the
+    service; ``alive``: whether batches can run."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def ranker(self) -> Ranker | None: ...
+
+    @property
+    def catalog(self) -> ServiceCatalog | None: ...
+
+    @property
+    def catalog_version(self) -> int: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    def run(self, message: Message, payloads: list[Any]) -> Sequence[Any]:
+        """One result per payload, in order (see :mod:`genrec.serving.messages`)."""
+        ...
+
+    def catalog_stats(self) -> CatalogStats | None:
+        """The generative catalog of the engine that searches (``None``: none)."""
+        ...
+
+    def close(self) -> None:
+        """Release what it holds (background compaction, child process)."""
+        ...
+
+
+def initial_version(engine: Engine, ranker: Ranker | None) -> int:
+    """The catalog version a server starts at: the ranker's, else the engine's item table's,
+    else its generative catalog's, else 0."""
+    if ranker is not None:
+        return int(ranker.catalog_version)
+    if engine.item_table is not None:
+        return engine.item_table.version
+    return engine.catalog.version if engine.catalog is not None else 0
+
+
+class Worker:
+    """The engine, an optional ranker and the served catalog (a
+    :class:`~genrec.serving.catalog.ServiceCatalog` over the engine's generative catalog and
+    the optional ``catalog_updater``; ``None`` when there is nothing to update).
+
+    ``compact_threshold``: see :class:`~genrec.serving.catalog.ServiceCatalog`.
+    """
+
+    def __init__(self, engine: Engine, ranker: Ranker | None = None,
+                 catalog_updater: CatalogUpdater | None = None,
+                 compact_threshold: int | None = None) -> None:
+        self.engine, self.ranker = engine, ranker
+        self.catalog: ServiceCatalog | None = None
+        if isinstance(catalog_updater, ServiceCatalog):
+            self.catalog = catalog_updater
+        elif catalog_updater is not None or engine.catalog is not None:
+            self.catalog = ServiceCatalog(engine, catalog_updater,
+                                          initial_version(engine, ranker), compact_threshold)
+        self._handlers: dict[type, Callable[[Any, list[Any]], list[Any]]] = {
+            RecommendBatch: self.recommend, ScoreBatch: self.score, RankBatch: self.rank,
+            CatalogUpdate: self.update_catalog,
+        }
+
+    @property
+    def catalog_version(self) -> int:
+        """The one catalog version of the service (both catalogs, every response, metrics)."""
+        if self.catalog is not None:
+            return self.catalog.catalog_version
+        return initial_version(self.engine, self.ranker)
+
+    @property
+    def alive(self) -> bool:
+        """Always: the batches run in this process."""
+        return True
+
+    def run(self, message: Message, payloads: list[Any]) -> list[Any]:
+        """The batch of ``message``'s kind: one result per payload. Raises ``TypeError`` for
+        an unknown message."""
+        handler = self._handlers.get(type(message))
+        if handler is None:
+            raise TypeError(f"unknown message {message!r}")
+        return handler(message, payloads)
+
+    def recommend(self, message: RecommendBatch, requests: list[RecommendRequest]
+                  ) -> list[Versioned[Recommendation]]:
+        """Constrained beam search for every request, in one engine call."""
+        version = self.catalog_version
+        params = BeamParams(beam_width=message.beam_width, n=message.n)
+        return [Versioned(rec, version) for rec in self.engine.recommend(requests, params)]
+
+    def score(self, message: ScoreBatch, requests: list[list[ScoreRequest]]
+              ) -> list[Versioned[list[torch.Tensor]]]:
+        """Label scores of every HTTP request's scoring requests, in one engine call."""
+        version = self.catalog_version
+        params = ScoreParams(mode="labels", label_token_ids=list(message.label_token_ids),
+                             apply_softmax=message.apply_softmax)
+        scores = self.engine.score_requests([r for group in requests for r in group], params)
+        out, start = [], 0
+        for group in requests:
+            out.append(Versioned(scores[start:start + len(group)], version))
+            start += len(group)
+        return out
+
+    def rank(self, message: RankBatch, requests: list[RankRequest]
+             ) -> list[Versioned[torch.Tensor]]:
+        """The ranker's scores of every request's candidates, in one call."""
+        if self.ranker is None:
+            raise RuntimeError("no ranker loaded")
+        version = self.catalog_version
+        return [Versioned(scores, version) for scores in self.ranker.rank(requests)]
+
+    def update_catalog(self, message: CatalogUpdate,
+                       updates: list[CatalogOp | PreparedUpdate]) -> list[CatalogChange]:
+        """Apply the updates to the served catalog, all or nothing each, in order."""
+        if self.catalog is None:
+            raise RuntimeError("no service catalog to update")
+        return [self.catalog.apply(u if isinstance(u, PreparedUpdate) else (u.op, u.data))
+                for u in updates]
+
+    def catalog_stats(self) -> CatalogStats | None:
+        """The generative catalog's delta and finished compactions (``None``: none)."""
+        if self.catalog is None or not self.catalog.generative:
+            return None
+        return self.catalog.stats()
+
+    def close(self) -> None:
+        """Start no more compactions (a running one is waited for briefly, not installed)."""
+        if self.catalog is not None:
+            self.catalog.close()

@@ -1,0 +1,122 @@
+"""``genrec serve`` as an operator runs it, in real processes on loopback: API keys (from the
+environment and the command line), the bind check, and live catalog updates that survive a
+``kill -9`` and a restart (with and without ``--engine-process``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("httpx")
+
+import httpx
+from serving_support import N_ITEMS, RECOMMEND, is_ready, post, wait_until
+
+from genrec import Engine
+from genrec.model import save_model
+from genrec.serving.server import free_port
+
+
+def start(model: Path, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """``genrec serve --model MODEL ARGS`` on a free loopback port, once ready."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "genrec.cli", "serve", "--model", str(model),
+                             "--port", str(port), "--threads", "1", *args],
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: is_ready(url) or proc.poll() is not None, timeout=90)
+    assert proc.poll() is None, proc.stdout.read().decode()
+    return proc, url
+
+
+def saved(engine: Engine, folder: Path) -> Path:
+    save_model(engine.model, folder)
+    engine.vocab.save(folder)
+    return folder
+
+
+def test_genrec_serve_with_keys(tmp_path, engine: Engine) -> None:  # noqa: ANN001
+    """A real ``genrec serve`` with an api key from the environment and an admin key: /v1
+    needs the api key (401 without: counted in the metrics), catalog updates the admin key,
+    the probes stay open, and neither key appears in the server's output."""
+    api, admin = "k-api-7f3a", "k-admin-91c2"
+    proc, url = start(saved(engine, tmp_path), "--admin-key", admin, "--log-level", "info",
+                      env={"GENREC_API_KEY": api})
+    bearer = lambda key: {"Authorization": f"Bearer {key}"}  # noqa: E731
+    try:
+        assert post(url, "/v1/recommend", RECOMMEND[0]).status_code == 401
+        assert post(url, "/v1/recommend", RECOMMEND[0], headers=bearer(admin)).status_code == 200
+        answer = post(url, "/v1/recommend", RECOMMEND[0], headers=bearer(api))
+        assert answer.status_code == 200, answer.text
+        retire = {"item_ids": [0]}
+        refused = httpx.request("DELETE", url + "/v1/catalog/items", json=retire,
+                                headers=bearer(api))
+        assert refused.status_code == 401 and api not in refused.text
+        done = httpx.request("DELETE", url + "/v1/catalog/items", json=retire,
+                             headers=bearer(admin))
+        assert done.status_code == 200, done.text
+        metrics = httpx.get(url + "/metrics")
+        assert metrics.status_code == 200 and 'status="401"' in metrics.text
+        assert httpx.get(url + "/health").status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=30)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert api not in out and admin not in out
+
+
+def test_genrec_serve_refuses_an_open_address_without_keys(tmp_path) -> None:  # noqa: ANN001
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GENREC_")}
+    run = subprocess.run([sys.executable, "-m", "genrec.cli", "serve", "--model", str(tmp_path),
+                          "--host", "0.0.0.0"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2
+    assert "without an API key" in run.stderr and "--allow-insecure" in run.stderr
+
+
+def live_items(url: str) -> list[int]:
+    """Every item the served catalog can return (a beam as wide as the catalog)."""
+    body = {**RECOMMEND[0], "beam_width": N_ITEMS, "n": N_ITEMS}
+    answer = post(url, "/v1/recommend", body)
+    assert answer.status_code == 200, answer.text
+    return sorted(answer.json()["items"])
+
+
+@pytest.mark.skipif(os.name != "posix", reason="kills the server with SIGKILL")
+@pytest.mark.parametrize("engine_process", [False, True], ids=["one-process", "engine-process"])
+def test_acknowledged_updates_survive_kill_and_restart(tmp_path, engine: Engine,  # noqa: ANN001
+                                                       engine_process: bool) -> None:
+    model = saved(engine, tmp_path / "model")
+    args = ["--engine-process"] if engine_process else []
+    proc, url = start(model, *args)
+    try:
+        before = live_items(url)
+        gone = httpx.request("DELETE", url + "/v1/catalog/items", json={"item_ids": before[:3]})
+        assert gone.status_code == 200, gone.text
+        version = gone.json()["catalog_version"]
+    finally:
+        proc.kill()  # SIGKILL: no shutdown hook runs
+        proc.wait(30)
+    assert (model / "catalog-state").is_dir()
+    proc, url = start(model, *args)
+    try:
+        assert httpx.get(url + "/ready").json()["catalog_version"] == version
+        assert live_items(url) == before[3:]
+    finally:
+        proc.kill()
+        proc.wait(30)
+    # --volatile-catalog: the same start, updates in memory only (and the log left alone)
+    proc, url = start(model, "--volatile-catalog", *args)
+    try:
+        assert live_items(url) == before
+    finally:
+        proc.kill()
+        proc.wait(30)
