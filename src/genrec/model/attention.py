@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from genrec.kernels import cascade_attention_op
 from genrec.model.kv_cache import take_rows
-from genrec.model.layers import compute_dtype, inv_rms, norm_rotary
+from genrec.model.layers import inv_rms, norm_rotary
 from genrec.model.layout import AttentionLayout
 
 _NEG_INF = float("-inf")
@@ -50,9 +50,12 @@ class QueryTransform:
 
 def fuses_queries(q: torch.Tensor) -> bool:
     """Whether :func:`prefix_branch_attention` runs the native kernel for queries like ``q``
-    (CPU, fp32, no autograd, kernel built), which then takes raw queries and a
-    :class:`QueryTransform` at no extra pass."""
-    return (q.device.type == "cpu" and compute_dtype(q) == torch.float32
+    (CPU, fp32 or bf16, no autograd, kernel built), which then takes raw queries and a
+    :class:`QueryTransform` at no extra pass. The kernel computes in fp32: bf16 queries and
+    keys widen exactly, the output rounds back to bf16 (also where the CPU has bf16 products:
+    PyTorch's bf16 attention and the separate norm / rotary passes cost more than the
+    widening)."""
+    return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.bfloat16)
             and not (torch.is_grad_enabled() and q.requires_grad)
             and cascade_attention_op() is not None)
 
@@ -163,7 +166,7 @@ def prefix_branch_attention(
     """Attention of the packed queries ``q`` [T, H, D] under ``layout``; returns [T, H, D].
     With ``q_transform``, ``q`` is raw and the transform is applied first.
 
-    CPU fp32 inference runs the native cascade kernel (:mod:`genrec.kernels`) where it is
+    CPU fp32 / bf16 inference runs the native cascade kernel (:mod:`genrec.kernels`) where it is
     built: one pass per run of query rows over its prefix and its own keys. Elsewhere the
     prefix part and the branch part run as separate attention calls merged by log-sum-exp."""
     out = _native_attention(q, prefix_k, prefix_v, branch_k, branch_v, layout, scale,
@@ -226,7 +229,7 @@ def _native_attention(
 ) -> torch.Tensor | None:
     # the native kernel's result, or None where it does not apply (see fuses_queries; keys
     # that need gradients). An fp32 kernel: bf16 inputs widen to fp32 and the output rounds
-    # back, where the CPU computes bf16 in fp32 anyway (layers.compute_dtype)
+    # back to bf16
     caches = (prefix_k, prefix_v, branch_k, branch_v)
     if not fuses_queries(q) or any(t.dtype != q.dtype for t in caches) or (
             torch.is_grad_enabled() and any(t.requires_grad for t in caches)):
