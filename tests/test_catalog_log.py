@@ -22,7 +22,8 @@ from genrec.serving.catalog_base import (
     fold_ranker,
     write_base,
 )
-from genrec.serving.catalog_log import LOG_FILE, CatalogLog, FoldPolicy, read_state
+from genrec.serving.catalog_follow import LOG_FILE, read_state
+from genrec.serving.catalog_log import CatalogLog, FoldPolicy
 from genrec.serving.catalog_log_format import FRAME, MAGIC, CatalogLogError, LogRecord, frame
 
 

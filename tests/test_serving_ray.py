@@ -1,6 +1,7 @@
 """Scale-out: ``genrec serve --ray --replicas 2`` on loopback, called over httpx — answers
-equal the offline engine's, both replicas serve, SIGTERM shuts Ray Serve down. Without Ray,
-``genrec serve --ray`` says what to install."""
+equal the offline engine's, both replicas serve, a catalog update taken by one replica is
+read on both with ``min_catalog_version`` (never an older catalog), SIGTERM shuts Ray Serve
+down. Without Ray, ``genrec serve --ray`` says what to install."""
 
 from __future__ import annotations
 
@@ -19,12 +20,12 @@ pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
 import httpx
-from serving_support import RECOMMEND, offline, post, wait_until
+from serving_support import N_ITEMS, RECOMMEND, offline, post, wait_until
 from typer.testing import CliRunner
 
 from genrec import Engine
 from genrec.cli import app as cli
-from genrec.serving.ray_app import REPLICA_HEADER
+from genrec.serving.ray_app import CATALOG_PATH, REPLICA_HEADER
 from genrec.serving.server import free_port
 
 # Ray Serve's own pydantic models warn on import (pydantic 2 deprecations inside Ray).
@@ -38,11 +39,13 @@ def served(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a local Ray
-    log = tmp_path_factory.mktemp("ray") / "serve.log"
+    work = tmp_path_factory.mktemp("ray")
+    log = work / "serve.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "genrec.cli", "serve", "--model",
                                  str(checkpoint), "--ray", "--replicas", "2", "--port",
-                                 str(port), "--threads", "1"],
+                                 str(port), "--threads", "1", "--catalog-state",
+                                 str(work / "catalog-state")],
                                 env={**env, "PYTHONUNBUFFERED": "1"}, stdout=out,
                                 stderr=subprocess.STDOUT)
     try:
@@ -82,8 +85,27 @@ def test_two_replicas_answer_like_the_offline_engine(served: str, checkpoint: Pa
     assert len(replicas) == 2
     bad = post(served, "/v1/recommend", {"history": [999]})
     assert bad.status_code == 422 and bad.json()["detail"].startswith("history:")
-    catalog = httpx.put(served + "/v1/catalog/items", json={"items": [{"item_id": 1}]})
-    assert catalog.status_code == 400 and "replicas" in catalog.json()["detail"]
+
+
+def test_replicas_share_catalog_updates(served: str) -> None:
+    wide = {"history": [3, 17, 8], "beam_width": N_ITEMS, "n": N_ITEMS}
+    retired = sorted(post(served, "/v1/recommend", wide).json()["items"])[:2]
+    done = httpx.request("DELETE", served + "/v1/catalog/items", json={"item_ids": retired},
+                         timeout=30)
+    assert done.status_code == 200, done.text
+    version = done.json()["catalog_version"]
+    replicas = set()
+    for _ in range(40):  # until both replicas answered (bounded)
+        r = post(served, "/v1/recommend", {**wide, "min_catalog_version": version})
+        if r.status_code == 503:  # not caught up within its wait: never an older answer
+            assert "min_catalog_version" in r.json()["detail"]
+            continue
+        assert r.status_code == 200 and r.json()["catalog_version"] >= version, r.text
+        assert not set(retired) & set(r.json()["items"])
+        replicas.add(r.headers[REPLICA_HEADER])
+        if len(replicas) == 2:
+            break
+    assert len(replicas) == 2
 
 
 def test_serve_ray_without_ray_says_what_to_install(checkpoint: Path,
@@ -106,3 +128,21 @@ def test_serve_ray_checks_paths_before_starting_ray(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["serve", "--model", str(tmp_path / "none"), "--ray"])
     assert result.exit_code == 1 and "--model" in result.output
     assert "no config.json" in result.output
+
+
+def test_catalog_updates_are_refused_only_without_a_shared_state_directory() -> None:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from genrec.serving.launch import AppSpec, ServeConfig
+    from genrec.serving.ray_app import ReplicaMiddleware, refuses_catalog
+
+    shared = AppSpec("model", config=ServeConfig(catalog_state="state"))
+    assert not refuses_catalog(shared, 2) and not refuses_catalog(AppSpec("model"), 1)
+    assert refuses_catalog(AppSpec("model"), 2)
+    app = FastAPI()
+    app.put(CATALOG_PATH)(lambda: {"ok": True})
+    app.add_middleware(ReplicaMiddleware, replica="r1", refuse_catalog=True)
+    refused = TestClient(app).put(CATALOG_PATH)
+    assert refused.status_code == 400 and "no shared catalog state" in refused.json()["detail"]
+    assert refused.headers[REPLICA_HEADER] == "r1"

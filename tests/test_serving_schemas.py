@@ -90,3 +90,17 @@ def test_validation_detail_is_one_message_naming_fields() -> None:
     assert validation_detail(bad_json) == "body: invalid JSON (Expecting value)"
     missing = RequestValidationError([{"type": "missing", "loc": ("body",), "msg": "required"}])
     assert validation_detail(missing) == "body: a JSON object is required"
+
+
+@pytest.mark.parametrize(("cls", "body"), [
+    ("RecommendBody", {"history": [2**63]}),
+    ("RankBody", {"history": [1], "candidates": [2**64]}),
+    ("CatalogRetireBody", {"item_ids": [2**63]}),
+])
+def test_ids_beyond_int64_are_refused_by_the_schema(cls: str, body: dict) -> None:
+    import pydantic
+
+    from genrec.serving import schemas as S
+
+    with pytest.raises(pydantic.ValidationError):
+        getattr(S, cls).model_validate(body)

@@ -67,7 +67,10 @@ def serve(
     /v1/catalog/items, /health, /ready, /metrics. SIGTERM drains and exits.
 
     With --ray --replicas N: the same application in N Ray Serve replicas behind Ray Serve's
-    HTTP proxy on --host/--port (a local Ray instance, or the cluster at RAY_ADDRESS)."""
+    HTTP proxy on --host/--port (a local Ray instance, or the cluster at RAY_ADDRESS). The
+    replicas, like plain servers started on one --catalog-state, share the catalog: each
+    follows the directory's log and takes updates, and an answer's catalog_version, sent back
+    as min_catalog_version, reads that version on any of them."""
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -97,8 +100,7 @@ def serve(
     config = ServeConfig(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
                          max_queue=max_queue, model_name=model.name,
                          engine_process=engine_process, api_key=api_key, admin_key=admin_key,
-                         catalog_state=_catalog_state(model, catalog_state, volatile_catalog,
-                                                      ray and replicas > 1))
+                         catalog_state=_catalog_state(model, catalog_state, volatile_catalog))
     spec = AppSpec.of(model, ranker, catalog, tokenizer, device=device, dtype=dtype,
                       threads=threads, config=config)
     if ray:
@@ -114,12 +116,12 @@ def serve(
     run_server(app, host=host, port=port, log_level=log_level)
 
 
-def _catalog_state(model: Path, given: Path | None, volatile: bool, replicated: bool
-                   ) -> str | None:
-    """The durable catalog's directory (absolute), or ``None`` (updates in memory only):
-    ``--volatile-catalog``, and several Ray replicas (each holds its own catalog, so updates
-    are refused there)."""
-    if volatile or replicated:
+def _catalog_state(model: Path, given: Path | None, volatile: bool) -> str | None:
+    """The durable catalog's directory (absolute), or ``None`` with ``--volatile-catalog``
+    (updates in memory only). Every server process on one directory (Ray replicas, or
+    ``genrec serve`` processes on other ports) follows it and takes updates: the log orders
+    them all."""
+    if volatile:
         return None
     return str((given if given is not None else model / "catalog-state").expanduser().absolute())
 

@@ -53,10 +53,9 @@ def _check_ids(ids: Sequence[int], num_items: int, active: torch.Tensor | None,
     for i in ids:
         if isinstance(i, bool) or not isinstance(i, int):
             raise InputError(f"{field}: item ids must be integers, got {i!r}")
+        if not 0 <= i < num_items:  # checked in Python: an id past int64 cannot be a tensor
+            raise InputError(f"{field}: unknown item id {i} (catalog has 0..{num_items - 1})")
     t = torch.tensor(list(ids), dtype=torch.long)
-    bad = t[(t < 0) | (t >= num_items)]
-    if bad.numel():
-        raise InputError(f"{field}: unknown item id {int(bad[0])} (catalog has 0..{num_items - 1})")
     if active is not None and t.numel() and not bool(active[t].all()):
         raise InputError(f"{field}: item {int(t[~active[t]][0])} is retired from the catalog")
 

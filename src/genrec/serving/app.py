@@ -31,7 +31,7 @@ from genrec.serving.scheduler import (
     DrainingError,
     QueueFullError,
 )
-from genrec.serving.service import ApiError, Service
+from genrec.serving.service import ApiError, CatalogBehindError, Service
 from genrec.serving.worker import BatchWorker, Worker
 
 log = logging.getLogger("genrec.serving")
@@ -198,6 +198,11 @@ def _map_errors(app: FastAPI, metrics: ServerMetrics, config: ServeConfig) -> No
     @app.exception_handler(QueueFullError)
     async def _full(_: Request, err: QueueFullError) -> JSONResponse:
         metrics.reject("queue_full")
+        return _error(503, str(err), {"Retry-After": str(config.retry_after_s)})
+
+    @app.exception_handler(CatalogBehindError)
+    async def _behind(_: Request, err: CatalogBehindError) -> JSONResponse:
+        metrics.reject("catalog_behind")
         return _error(503, str(err), {"Retry-After": str(config.retry_after_s)})
 
     @app.exception_handler(DrainingError)

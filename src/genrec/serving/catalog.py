@@ -33,18 +33,27 @@ is cut off again (no record of a refused update stays); should the process die i
 answer sent), the replay meets the same refusal (an updater's ``ValueError`` depends on its
 input and table only) at the log's tail and drops the record. With a log each update takes
 exactly the next version.
+
+Several processes can serve one state directory (``from_dir(..., follow=True)``; see
+:mod:`genrec.serving.catalog_follow`): each applies what the others log
+(:meth:`ServiceCatalog.catch_up`, between batches, on the path of a local update), and an
+update holds the directory's lock from its catch-up to the log's end to its append, so the
+log is the one order of everyone's updates and every version is the log's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from genrec.serving.catalog_base import install_base, install_updates, ranker_part
-from genrec.serving.catalog_log import CatalogLog, FoldPolicy, StoredCatalog, read_state
+from genrec.serving.catalog_base import CatalogBase, install_base, install_updates, ranker_part
+from genrec.serving.catalog_follow import LogFollower, LogTail, StoredCatalog, read_followed
+from genrec.serving.catalog_log import CatalogLog, FoldPolicy
 from genrec.serving.catalog_log_format import CatalogLogError, LogRecord
 from genrec.serving.compaction import CatalogStats, Compactor, LogFolder
 
@@ -104,29 +113,41 @@ class ServiceCatalog:
         self._pinned = log is not None  # versions one by one, the ranker's reports ignored
         self.log: CatalogLog | None = None
         self.folder: LogFolder | None = None
+        self.follower: LogFollower | None = None  # following a shared directory (from_dir)
         if log is not None:
             self._attach(log)
 
     @classmethod
     def from_dir(cls, engine: Engine, ranker_updater: CatalogUpdater | None,
                  state_dir: str | Path, version: int = 0, compact_threshold: int | None = None,
-                 fold: FoldPolicy | None = None, writable: bool = True) -> ServiceCatalog:
+                 fold: FoldPolicy | None = None, writable: bool = True,
+                 follow: bool = False) -> ServiceCatalog:
         """The catalog kept in ``state_dir``: its base and logged updates replayed onto the
         catalogs as ``engine`` and the ranker loaded them, the version restored; later updates
         are logged there. ``version``: where a new directory starts (an existing one's wins).
         ``fold``: log size that starts a background fold (default :class:`FoldPolicy`).
         ``writable=False``: replay only, later updates in memory (a mirror of what another
-        process logs). Raises ``CatalogLogError`` when it cannot be replayed here."""
+        process logs). ``follow``: the directory is shared with other processes (its lock
+        held for each write only); :meth:`catch_up` applies what they log (and, not
+        ``writable``, the updates this process is given are taken from the log). Raises
+        ``CatalogLogError`` when it cannot be replayed here."""
         if writable:
-            log, stored = CatalogLog.open(state_dir, version, fold or FoldPolicy())
+            log, stored = CatalogLog.open(state_dir, version, fold or FoldPolicy(), follow)
+            position = log.tail_state()
         else:
-            log, stored = None, read_state(state_dir, version)
+            log, (stored, position) = None, read_followed(state_dir, version)
         try:
             catalog = cls(engine, ranker_updater, stored.after, compact_threshold)
             catalog._pinned = True
             if stored.base is not None:
                 install_base(stored.base, engine, ranker_updater)
-            catalog._replay(stored, log, Path(state_dir))
+            refused = catalog._replay(stored, Path(state_dir))
+            if follow:
+                catalog.follower = LogFollower(LogTail(state_dir, position))
+                if refused:  # cut off by the next write, under the directory's lock
+                    catalog.follower.tail.rewind()
+            elif refused and log is not None:
+                log.discard_last()
             if log is not None:
                 catalog._attach(log)
         except BaseException:
@@ -140,9 +161,10 @@ class ServiceCatalog:
             raise ValueError(f"log: at version {log.version}, the catalog at {self._version}")
         self.log, self.folder = log, LogFolder(log)
 
-    def _replay(self, stored: StoredCatalog, log: CatalogLog | None, where: Path) -> None:
+    def _replay(self, stored: StoredCatalog, where: Path) -> bool:
         # all records but the last as one net change per catalog (a few calls however many
-        # they are), then the last one alone: its refusal by the ranker drops it (see above)
+        # they are), then the last one alone: True when the ranker refused it (see above: it
+        # is to be dropped)
         head, last = stored.records[:-1], stored.records[-1:]
         span = f"versions {stored.after + 1}..{stored.version}"
         try:
@@ -164,8 +186,8 @@ class ServiceCatalog:
             except ValueError as err:  # the ranker's updater refused it: never acknowledged
                 logger.warning("%s: the last update (version %d), refused on replay, was never "
                                "acknowledged: dropped (%s)", where, record.version, err)
-                if log is not None:
-                    log.discard_last()
+                return True
+        return False
 
     @property
     def catalog_version(self) -> int:
@@ -246,7 +268,9 @@ class ServiceCatalog:
         else:
             op, data = update[0], list(update[1])
             ranker_items = self._checked(op, data)
-        with self._lock:
+        with self._lock, self._writing():
+            if self.follower is not None and self.log is None:
+                return self._mirrored(op, data)
             if isinstance(update, PreparedUpdate) and update.base is self.engine.catalog:
                 state, mine = update.state, update.generative
             else:
@@ -255,16 +279,14 @@ class ServiceCatalog:
             if self.log is not None:  # on disk before anything is installed
                 self.log.append(LogRecord(version, op, data))
             try:
-                reported = None
-                if op == "upsert" and ranker_items:
-                    reported = self.ranker_updater.upsert(ranker_items)
-                elif op == "retire" and self.ranker_updater is not None:
-                    reported = self.ranker_updater.retire(data)
+                reported = self._rank(op, data, ranker_items)
             except BaseException:
                 if self.log is not None:  # refused: no record of it stays
                     self.log.discard_last()
                 raise
             change = self._commit(state, reported, version)
+            if self.follower is not None:
+                self.follower.tail.state = self.log.tail_state()
         if state is not None:
             change.catalogs[GENERATIVE] = mine
         if op == "upsert" and ranker_items:
@@ -272,6 +294,65 @@ class ServiceCatalog:
         elif op == "retire" and self.ranker_updater is not None:
             change.catalogs[RANKER] = data
         return change
+
+    def _rank(self, op: str, data: list, ranker_items: list[dict[str, Any]] | None) -> Any:
+        # the ranker's part of an update (what its updater reports; None: no call)
+        if op == "upsert" and ranker_items:
+            return self.ranker_updater.upsert(ranker_items)
+        if op == "retire" and self.ranker_updater is not None:
+            return self.ranker_updater.retire(data)
+        return None
+
+    @property
+    def follows(self) -> bool:
+        """Whether this catalog follows a state directory other processes write too."""
+        return self.follower is not None
+
+    def catch_up(self) -> int:
+        """Apply what other processes logged since the last look (a follower, see
+        :meth:`from_dir`; call it between batches); returns the version now served."""
+        if self.follower is not None:
+            with self._lock:
+                self.follower.catch_up(self)
+        return self._version
+
+    def install_base(self, base: CatalogBase) -> None:
+        """Replace both catalogs by a logged ``base`` (a follower behind a fold; under the
+        lock)."""
+        install_base(base, self.engine, self.ranker_updater)
+        self._version = base.version
+
+    def install_logged(self, record: LogRecord) -> None:
+        """Apply an update another process logged, as its ``record`` says (a follower; under
+        the lock). Raises ``ValueError`` when these catalogs refuse it."""
+        items = self._checked(record.op, record.data)
+        state, _ = self._generative(record.op, record.data, self.engine.catalog)
+        reported = self._rank(record.op, record.data, items)
+        self._commit(state, reported, record.version, fold=False)
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        # a write to a shared directory: its lock held, caught up to the log's end
+        if self.follower is None or self.log is None:
+            yield
+            return
+        with self.log.hold():
+            self.follower.catch_up(self, cut=self.log.adopt)
+            self.log.adopt(self.follower.tail.state)
+            if self.log.version != self._version:
+                raise RuntimeError(f"{self.log.path}: at version {self.log.version}, the "
+                                   f"catalog at {self._version}")
+            yield
+
+    def _mirrored(self, op: str, data: list) -> CatalogChange:
+        # a follower that does not write: the update was logged by the process that does (an
+        # engine process); its version is the log's
+        self.follower.catch_up(self)
+        version = self.follower.logged(op, data)
+        if version is None:
+            raise RuntimeError(f"{self.follower.tail.path}: the update is not in the log "
+                               f"(version {self._version})")
+        return CatalogChange(version)
 
     def _checked(self, op: str, data: list) -> list[dict[str, Any]] | None:
         # the input checks that need no catalog state; the ranker's items of an upsert
@@ -298,10 +379,11 @@ class ServiceCatalog:
             mine = [i for i in data if 0 <= i < n]
         return (catalog.updated(retire=mine) if mine else None), mine
 
-    def _commit(self, state: Any, reported: Any, version: int) -> CatalogChange:
+    def _commit(self, state: Any, reported: Any, version: int, fold: bool = True
+                ) -> CatalogChange:
         """Install the generative ``state`` (if any) under ``version`` (or the ranker's
         ``reported`` one, if later and versions are not pinned); under the lock, after every
-        fallible step."""
+        fallible step. ``fold``: a fold of the log may start (after an update logged here)."""
         if reported is not None and not self._pinned:
             reported = reported.version if isinstance(reported, CatalogChange) else reported
             version = max(version, int(reported))
@@ -309,7 +391,7 @@ class ServiceCatalog:
             self.engine.set_catalog(state.with_version(version))  # the one swap readers see
             self.compactor.maybe_start()
         self._version = version
-        if self.folder is not None:
+        if fold and self.folder is not None:
             self.folder.maybe_start(self.engine.catalog)
         return CatalogChange(version)
 

@@ -12,7 +12,14 @@ to the last good record, with a warning); corruption or a version that goes back
 :meth:`CatalogLog.fold` writes ``base-V.pt`` durably, then replaces the log by one holding
 only the records after V (temp file, fsync, rename, fsync of the directory), then removes the
 older bases. A crash between the steps opens to the same catalog: the newest readable base,
-then the log's records after it. One process writes a directory at a time (a lock file).
+then the log's records after it.
+
+One process writes a directory at a time: it holds the directory's lock file (``flock``)
+while the log is open, or, ``shared`` (several processes serving one directory, see
+:mod:`genrec.serving.catalog_follow`), only for each write (:meth:`CatalogLog.hold`): the
+writer catches up to the log's end (:meth:`CatalogLog.adopt`, which also cuts off a torn tail
+a dead writer left), appends, and lets go; a fold then holds it from the base's write to the
+log's swap.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ import contextlib
 import logging
 import os
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +43,8 @@ from genrec.serving.catalog_base import (
     sync_dir,
     write_base,
 )
+from genrec.serving.catalog_follow import LOG_FILE, StoredCatalog, TailState, read_dir
+from genrec.serving.catalog_follow import read_state as read_state  # with the log's names
 from genrec.serving.catalog_log_format import (
     FORMAT,
     OPS,
@@ -52,7 +63,8 @@ except ImportError:  # not on Windows: no guard against a second writer there
 
 logger = logging.getLogger("genrec.serving")
 
-LOG_FILE, LOCK_FILE = "catalog.log", "lock"
+LOCK_FILE = "lock"
+LOCK_WAIT_S = 30.0  # longest wait for another process's write (or fold) to let go
 
 
 @dataclass(frozen=True)
@@ -65,81 +77,34 @@ class FoldPolicy:
 
 
 @dataclass(frozen=True)
-class StoredCatalog:
-    """What a state directory holds: the ``base`` (``None``: the catalogs as the server loads
-    them), the version ``after`` that the ``records`` follow."""
-
-    after: int
-    base: CatalogBase | None
-    records: tuple[LogRecord, ...]
-
-    @property
-    def version(self) -> int:
-        """The catalog version these make."""
-        return self.records[-1].version if self.records else self.after
-
-
-@dataclass(frozen=True)
 class LogMark:
-    """A point in the log: the ``version`` reached there and the byte ``offset`` after it."""
+    """A point in the log: the ``version`` reached there, the byte ``offset`` after it, the
+    log file's ``inode``."""
 
     version: int
     offset: int
+    inode: int = 0
 
 
-def _newest_base(directory: Path, after: int, required: bool) -> CatalogBase | None:
-    # the newest readable base not older than the log's start
-    for version, path in sorted(base_files(directory).items(), reverse=True):
-        if version < after:
-            break
-        try:
-            return read_base(path)
-        except CatalogLogError as err:
-            logger.warning("%s; trying an older base", err)
-    if required:
-        raise CatalogLogError(f"{directory / LOG_FILE}: follows base-{after}.pt, and no "
-                              f"readable base of version >= {after} is there")
-    return None
-
-
-def read_state(directory: str | Path, start_version: int | None = None) -> StoredCatalog:
-    """The base and the records of a state directory (read-only: a torn tail is ignored).
-    With ``start_version``, a directory without a log yet (nothing logged) holds no records
-    after that version. Raises :class:`CatalogLogError` for corruption or a version that
-    goes back."""
-    directory = Path(directory)
-    if (start_version is not None and not (directory / LOG_FILE).exists()
-            and not (directory.is_dir() and base_files(directory))):
-        return StoredCatalog(int(start_version), None, ())
-    return _read(directory)[0]
-
-
-def _read(directory: Path) -> tuple[StoredCatalog, LogScan]:
-    path = directory / LOG_FILE
-    if not path.is_file():
-        raise CatalogLogError(f"{path}: no catalog log")
-    scan = scan_log(path)
-    after = scan.header["after"]
-    base = _newest_base(directory, after, bool(scan.header.get("base")))
-    records = tuple(r for _, r in scan.records)
-    if base is not None and base.version > after:  # a crash during a fold: the base is newer
-        last = records[-1].version if records else after
-        if last < base.version:
-            raise CatalogLogError(f"{path}: ends at version {last}, before base-{base.version}"
-                                  f".pt: versions go back")
-        after, records = base.version, tuple(r for r in records if r.version > base.version)
-    return StoredCatalog(after, base, records), scan
-
-
-def _lock(directory: Path) -> Any:
-    # the directory's lock file, locked (released when closed, or when the process dies)
-    lock_file = open(directory / LOCK_FILE, "a")  # held while the log is open
-    if fcntl is not None:
+def _flock(lock_file: Any, wait_s: float) -> bool:
+    # lock ``lock_file`` exclusively, waiting up to ``wait_s``; False: still held elsewhere
+    end = time.monotonic() + wait_s
+    while True:
         try:
             fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
         except OSError:
-            lock_file.close()
-            raise CatalogLogError(f"{directory}: in use by another process") from None
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.002)
+
+
+def _lock(directory: Path, wait_s: float = 0.0) -> Any:
+    # the directory's lock file, locked (released when closed, or when the process dies)
+    lock_file = open(directory / LOCK_FILE, "a")
+    if fcntl is not None and not _flock(lock_file, wait_s):
+        lock_file.close()
+        raise CatalogLogError(f"{directory}: in use by another process") from None
     return lock_file
 
 
@@ -157,11 +122,13 @@ class CatalogLog:
     serialised."""
 
     def __init__(self, directory: Path, lock_file: Any, stored: StoredCatalog, scan: LogScan,
-                 policy: FoldPolicy) -> None:
+                 policy: FoldPolicy, shared: bool = False) -> None:
         self.directory, self.path, self.policy = directory, directory / LOG_FILE, policy
         self._mutex = threading.Lock()
-        self._lock_file = lock_file
+        self._lock_file, self.shared = lock_file, shared
+        self._holder = threading.RLock()  # the flock is per open file: one thread at a time
         self._file = open(self.path, "ab", buffering=0)
+        self._inode = os.fstat(self._file.fileno()).st_ino
         self._header_end, self._size = scan.header_end, scan.end
         self._last = scan.records[-1][0] if scan.records else None  # last record's offset
         self._base_version = stored.base.version if stored.base is not None else None
@@ -171,15 +138,17 @@ class CatalogLog:
 
     @classmethod
     def open(cls, directory: str | Path, start_version: int = 0,
-             policy: FoldPolicy | None = None) -> tuple[CatalogLog, StoredCatalog]:
+             policy: FoldPolicy | None = None, shared: bool = False
+             ) -> tuple[CatalogLog, StoredCatalog]:
         """Open (or create, starting at ``start_version``) the state directory; returns the
         log and what it holds. A torn tail is cut off here. Raises :class:`CatalogLogError`
-        when another process has the directory open."""
+        when another process has the directory open (``shared``: when another process's
+        write does not let go of it within :data:`LOCK_WAIT_S`)."""
         directory = Path(directory)
         if not directory.is_dir():
-            directory.mkdir(parents=True)
+            directory.mkdir(parents=True, exist_ok=True)
             sync_dir(directory.parent)
-        lock_file = _lock(directory)
+        lock_file = _lock(directory, LOCK_WAIT_S if shared else 0.0)
         try:
             for stale in directory.glob(".*.tmp"):  # an atomic write a crash interrupted
                 stale.unlink()
@@ -188,18 +157,64 @@ class CatalogLog:
                 if base_files(directory):
                     raise CatalogLogError(f"{directory}: base files but no {LOG_FILE}")
                 _write_log(path, int(start_version), False)
-            stored, scan = _read(directory)
-            log = cls(directory, lock_file, stored, scan, policy or FoldPolicy())
+            stored, scan = read_dir(directory)
+            log = cls(directory, lock_file, stored, scan, policy or FoldPolicy(), shared)
+            if scan.end < scan.size:
+                _torn(path, scan.end, scan.size)
+                with log._mutex:
+                    log._cut(scan.end)
         except BaseException:
             lock_file.close()
             raise
-        if scan.end < scan.size:
-            logger.warning("%s: cut off a torn record at offset %d (%d bytes): a write a "
-                           "crash interrupted, never acknowledged", path, scan.end,
-                           scan.size - scan.end)
-            with log._mutex:
-                log._cut(scan.end)
+        finally:
+            if shared and fcntl is not None and not lock_file.closed:
+                fcntl.flock(lock_file, fcntl.LOCK_UN)
         return log, stored
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Hold the directory's lock (``shared``: taken here, waiting up to
+        :data:`LOCK_WAIT_S` for another process's write; else held since :meth:`open`)."""
+        with self._holder:
+            if not self.shared or fcntl is None:
+                yield
+                return
+            if not _flock(self._lock_file, LOCK_WAIT_S):
+                raise RuntimeError(f"{self.directory}: another process held the catalog lock "
+                                   f"for {LOCK_WAIT_S:.0f} s")
+            try:
+                yield
+            finally:
+                fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+
+    def tail_state(self) -> TailState:
+        """Where this log's file ends (its last good record): a reader's position there."""
+        with self._mutex:
+            base = self._base_version is not None
+            after = self._base_version if base else self._version - self._count
+            return TailState(self._inode, self._size, self._header_end, after, base,
+                             self._version, self._count)
+
+    def adopt(self, state: TailState) -> None:
+        """Take the log file as a reader found it, under :meth:`hold` after reading it to its
+        end (``shared``: other processes appended or folded): appends go on after
+        ``state``; what lies beyond it (a torn tail a dead writer left) is cut off."""
+        with self._mutex:
+            self._usable()
+            if state.inode != self._inode:
+                self._file.close()
+                self._file = open(self.path, "ab", buffering=0)
+                self._inode = os.fstat(self._file.fileno()).st_ino
+                if self._inode != state.inode:
+                    raise RuntimeError(f"{self.path}: replaced while the lock was held")
+            self._header_end, self._last = state.header_end, None
+            self._base_version = state.after if state.base else None
+            self._version, self._count = state.version, state.count
+            size = os.fstat(self._file.fileno()).st_size
+            self._size = size
+            if size > state.offset:
+                _torn(self.path, state.offset, size)
+                self._cut(state.offset)
 
     @property
     def version(self) -> int:
@@ -265,11 +280,21 @@ class CatalogLog:
     def mark(self) -> LogMark:
         """Where the log is now (take it with the catalog as of that version)."""
         with self._mutex:
-            return LogMark(self._version, self._size)
+            return LogMark(self._version, self._size, self._inode)
 
     def fold(self, mark: LogMark, generative: GenerativeBase | None) -> bool:
         """Write the base of ``mark`` (``generative``: the generative catalog as of that
-        version), then keep only the later records in the log. False: nothing to fold."""
+        version), then keep only the later records in the log. False: nothing to fold (or,
+        ``shared``, another process folded the log since ``mark``)."""
+        with self.hold():
+            if self.shared:  # others may have appended or folded since the mark
+                scan = scan_log(self.path)
+                if scan.inode != mark.inode:
+                    return False
+                self.adopt(TailState.of(scan))
+            return self._fold(mark, generative)
+
+    def _fold(self, mark: LogMark, generative: GenerativeBase | None) -> bool:
         if self._base_version is not None and mark.version <= self._base_version:
             return False
         scan = scan_log(self.path, mark.offset)
@@ -288,6 +313,7 @@ class CatalogLog:
                 header_end = _write_log(self.path, mark.version, True, tail)
                 self._file.close()
                 self._file = open(self.path, "ab", buffering=0)
+                self._inode = os.fstat(self._file.fileno()).st_ino
             except BaseException as err:
                 self.broken = err
                 raise
@@ -308,3 +334,8 @@ class CatalogLog:
             self._closed = True
             self._file.close()
             self._lock_file.close()
+
+
+def _torn(path: Path, end: int, size: int) -> None:
+    logger.warning("%s: cut off a torn record at offset %d (%d bytes): a write a crash "
+                   "interrupted, never acknowledged", path, end, size - end)

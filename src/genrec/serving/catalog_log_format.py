@@ -18,6 +18,7 @@ the file and offset): versions never go back.
 from __future__ import annotations
 
 import json
+import os
 import struct
 import zlib
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ class LogScan:
     header_end: int
     end: int
     size: int
+    inode: int = 0  # of the file read (a fold replaces the file: a new inode)
 
 
 def frame(payload: dict[str, Any]) -> bytes:
@@ -84,31 +86,48 @@ def scan_log(path: Path, stop: int | None = None) -> LogScan:
     """Read the log ``path`` (its first ``stop`` bytes). Raises :class:`CatalogLogError` for
     a bad header, corruption, or versions out of sequence."""
     with open(path, "rb") as f:
+        inode = os.fstat(f.fileno()).st_ino
         buf = f.read() if stop is None else f.read(stop)
+    return scan_bytes(buf, path, inode)
+
+
+def scan_bytes(buf: bytes, path: Path, inode: int = 0) -> LogScan:
+    """:func:`scan_log` of a whole log file's bytes ``buf`` read from ``path``."""
     first = _frame_at(buf, 0)
     if first is None or first[0].get("format") != FORMAT or not isinstance(
             first[0].get("after"), int):
         raise CatalogLogError(f"{path}: offset 0: not a catalog log header (format {FORMAT})")
     header, at = first
-    records, expected = [], header["after"] + 1
+    records, end = scan_records(buf, at, header["after"] + 1, path)
+    return LogScan(header, records, first[1], end, len(buf), inode)
+
+
+def scan_records(buf: bytes, at: int, expected: int, path: Path, base: int = 0
+                 ) -> tuple[tuple[tuple[int, LogRecord], ...], int]:
+    """The good update records of ``buf`` from ``at`` on (the first of version ``expected``)
+    as ``(offset, record)``, offsets counted from ``base`` (where ``buf`` starts in the file),
+    and where they end. A torn tail ends them; raises :class:`CatalogLogError` for a damaged
+    record followed by good ones or a version out of sequence."""
+    records = []
     while at < len(buf):
         got = _frame_at(buf, at)
         if got is None:
             later = buf.find(MAGIC, at + 1)
             while later >= 0:
                 if _frame_at(buf, later) is not None:
-                    raise CatalogLogError(f"{path}: offset {at}: a damaged record followed by "
-                                          f"good ones (offset {later}): the log is corrupt")
+                    raise CatalogLogError(f"{path}: offset {base + at}: a damaged record "
+                                          f"followed by good ones (offset {base + later}): the "
+                                          f"log is corrupt")
                 later = buf.find(MAGIC, later + 1)
-            break  # a torn tail: the write a crash interrupted
+            break  # a torn tail: the write a crash interrupted (or one under way)
         payload, end = got
         version, op, data = payload.get("version"), payload.get("op"), payload.get("data")
         if not isinstance(version, int) or op not in OPS or not isinstance(data, list):
-            raise CatalogLogError(f"{path}: offset {at}: not a catalog update record")
+            raise CatalogLogError(f"{path}: offset {base + at}: not a catalog update record")
         if version != expected:
             how = "goes back" if version < expected else "skips versions"
-            raise CatalogLogError(f"{path}: offset {at}: version {version} {how} (version "
-                                  f"{expected} comes next)")
-        records.append((at, LogRecord(version, op, data)))
+            raise CatalogLogError(f"{path}: offset {base + at}: version {version} {how} "
+                                  f"(version {expected} comes next)")
+        records.append((base + at, LogRecord(version, op, data)))
         expected, at = version + 1, end
-    return LogScan(header, tuple(records), first[1], at, len(buf))
+    return tuple(records), base + at

@@ -108,16 +108,18 @@ def load_components(spec: AppSpec) -> Components:
 
 def build_worker(parts: Components, config: ServeConfig, writable: bool = True) -> Worker:
     """The :class:`~genrec.serving.worker.Worker` of ``parts``; with ``config.catalog_state``
-    its catalog is the durable one in that directory (replayed now; ``writable=False``: a
-    mirror whose later updates stay in memory). Raises ``CatalogLogError`` when the directory
-    cannot be replayed onto these catalogs."""
+    its catalog is the durable one in that directory, replayed now and then followed: other
+    server processes (replicas) may share the directory, each applying what the others log
+    (``writable=False``: this process logs nothing; it takes the updates it is given from the
+    log, where the process that writes for it put them). Raises ``CatalogLogError`` when the
+    directory cannot be replayed onto these catalogs."""
     catalog: Any = parts.updater
     has_catalog = parts.updater is not None or parts.engine.catalog is not None
     if config.catalog_state is not None and has_catalog:
         catalog = ServiceCatalog.from_dir(
             parts.engine, parts.updater, config.catalog_state,
             version=initial_version(parts.engine, parts.ranker),
-            compact_threshold=config.compact_threshold, writable=writable)
+            compact_threshold=config.compact_threshold, writable=writable, follow=True)
     return Worker(parts.engine, parts.ranker, catalog, config.compact_threshold)
 
 

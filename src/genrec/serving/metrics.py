@@ -5,7 +5,8 @@
 - ``genrec_batch_size{kind}`` / ``genrec_batch_seconds{kind}``: engine batches;
 - ``genrec_queue_depth``: requests waiting for the engine;
 - ``genrec_catalog_version``: the catalog version being served;
-- ``genrec_rejected_total{reason}``: requests refused for load (queue_full, draining, deadline);
+- ``genrec_rejected_total{reason}``: requests refused for load (queue_full, draining, deadline,
+  catalog_behind: a replica that has not reached the request's min_catalog_version);
 - ``genrec_catalog_delta_items``: items in the generative catalog's delta (changes since its
   last compaction), ``genrec_catalog_compacting``: 1 while a background compaction runs,
   ``genrec_catalog_compaction_seconds{outcome}``: finished compactions (installed, dropped,

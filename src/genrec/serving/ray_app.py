@@ -8,9 +8,13 @@ routes, dynamic batching, errors, draining and metrics are the same, per replica
 Serve's HTTP proxy listens on the given host and port and spreads the requests over the
 replicas; every answer carries ``X-Genrec-Replica``, the id of the replica that served it.
 
-Per replica, not shared: ``/metrics`` (a scrape through the proxy reaches one replica) and
-the catalog. Catalog updates (``/v1/catalog/items``) are therefore refused with 400 when
-there is more than one replica, rather than applied to whichever replica takes the request.
+Per replica: ``/metrics`` (a scrape through the proxy reaches one replica). Shared: the
+catalog, through its state directory (``ServeConfig.catalog_state``): every replica replays
+it on start and follows its log (:mod:`genrec.serving.catalog_follow`), so an update taken by
+any replica reaches all of them in the log's order, and ``min_catalog_version`` reads a write
+on whichever replica answers. Without a state directory (``--volatile-catalog``) each replica
+would hold its own catalog: catalog updates are then refused with 400 when there is more than
+one replica.
 
 Needs the ``ray`` extras: ``pip install 'genrec[ray]'`` (Ray Serve >= 2.47, whose
 ``serve.ingress`` accepts a function that builds the app on each replica). This module
@@ -59,7 +63,8 @@ class ReplicaMiddleware:
             from fastapi.responses import JSONResponse
 
             reply = JSONResponse({"detail": "catalog updates are not available with several "
-                                            "Ray Serve replicas (each holds its own catalog)"},
+                                            "Ray Serve replicas and no shared catalog state "
+                                            "(each holds its own catalog)"},
                                  status_code=400)
             await reply(scope, receive, send_with_header)
             return
@@ -78,14 +83,22 @@ def replica_id() -> str:
         return f"pid-{os.getpid()}"
 
 
+def refuses_catalog(spec: AppSpec, replicas: int) -> bool:
+    """Whether ``replicas`` replicas of ``spec`` refuse catalog updates: several, and no state
+    directory they share (each would hold its own catalog)."""
+    return replicas > 1 and spec.config.catalog_state is None
+
+
 def replica_app(spec: AppSpec, replicas: int) -> FastAPI:
     """The app of one replica: :func:`load_app`, with the replica header (and catalog updates
-    refused when ``replicas > 1``). Called by Ray Serve in each replica process."""
+    refused when ``replicas > 1`` and there is no shared state directory). Called by Ray
+    Serve in each replica process."""
     device = spec.device
     if device.startswith("cuda"):  # Ray gives each replica its GPU as the only visible one
         device = "cuda"
     app = load_app(spec, device=device)
-    app.add_middleware(ReplicaMiddleware, replica=replica_id(), refuse_catalog=replicas > 1)
+    app.add_middleware(ReplicaMiddleware, replica=replica_id(),
+                       refuse_catalog=refuses_catalog(spec, replicas))
     freeze_heap()  # a replica is a serving process: full collections skip what it loaded
     return app
 

@@ -4,6 +4,14 @@ Bodies are validated strictly: item and token ids must be JSON integers (``true`
 are rejected), floats must be finite (``NaN`` and ``Infinity``, which Python's JSON reader
 accepts, are rejected), lists have upper bounds, and unknown fields are errors except in the
 OpenAI/SGLang-compatible bodies, whose clients send extra fields.
+
+Every ``/v1`` body takes ``min_catalog_version``: the answer is computed on that catalog
+version or a later one (a replica behind catches up first, waiting at most about a second or
+the request's deadline, else answers 503 with ``Retry-After``), and every answer says the
+version it used (``catalog_version``; ``meta_info.catalog_version`` for ``/v1/score``). An
+update's answer carries the version it made: sent as ``min_catalog_version`` to any replica,
+it reads that write. A catalog update itself always runs on the newest version (it catches up
+to the log's end first).
 """
 
 from __future__ import annotations
@@ -23,11 +31,14 @@ MAX_CATALOG_BATCH = 100_000
 MAX_BEAM = 1024
 MAX_SID_LEVELS = 64
 
-ItemId = Annotated[StrictInt, Field(ge=0)]
-TokenId = Annotated[StrictInt, Field(ge=0)]
+# ids beyond int64 are refused here (422 naming the field), before any tensor is built
+INT64_END = 2**63
+ItemId = Annotated[StrictInt, Field(ge=0, lt=INT64_END)]
+TokenId = Annotated[StrictInt, Field(ge=0, lt=INT64_END)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 UserVector = Annotated[list[Finite], Field(min_length=1, max_length=MAX_USER_DIM)]
 DeadlineMs = Annotated[StrictInt, Field(gt=0, le=3_600_000)]
+MinVersion = Annotated[StrictInt, Field(ge=0, lt=INT64_END)]
 
 
 class _Strict(BaseModel):
@@ -52,6 +63,7 @@ class RecommendBody(_Strict):
     beam_width: Annotated[StrictInt, Field(ge=1, le=MAX_BEAM)] = 20
     rerank: bool = False
     deadline_ms: DeadlineMs | None = None
+    min_catalog_version: MinVersion | None = None
 
 
 class RecommendResponse(BaseModel):
@@ -70,6 +82,7 @@ class RankBody(_Strict):
     candidates: Annotated[list[ItemId], Field(min_length=1, max_length=MAX_CANDIDATES)]
     user_vector: UserVector | None = None
     deadline_ms: DeadlineMs | None = None
+    min_catalog_version: MinVersion | None = None
 
 
 class RankResponse(BaseModel):
@@ -100,6 +113,7 @@ class ScoreBody(_Lenient):
     item_first: bool = False
     model: str | None = None
     deadline_ms: DeadlineMs | None = None
+    min_catalog_version: MinVersion | None = None
 
 
 class ScoreResponse(BaseModel):
@@ -130,6 +144,7 @@ class CompletionBody(_Lenient):
     stream: bool = False
     user_vector: UserVector | None = None
     deadline_ms: DeadlineMs | None = None
+    min_catalog_version: MinVersion | None = None
 
 
 class CompletionChoice(BaseModel):
@@ -152,6 +167,7 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: dict[str, int]
+    catalog_version: int
 
 
 class CatalogItem(BaseModel):
@@ -167,7 +183,7 @@ class CatalogItem(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     item_id: ItemId
-    semantic_id: Annotated[list[Annotated[StrictInt, Field(ge=0)]],
+    semantic_id: Annotated[list[Annotated[StrictInt, Field(ge=0, lt=INT64_END)]],
                            Field(min_length=1, max_length=MAX_SID_LEVELS)] | None = None
 
 
@@ -175,12 +191,14 @@ class CatalogUpsertBody(_Strict):
     """``PUT /v1/catalog/items``."""
 
     items: Annotated[list[CatalogItem], Field(min_length=1, max_length=MAX_CATALOG_BATCH)]
+    min_catalog_version: MinVersion | None = None
 
 
 class CatalogRetireBody(_Strict):
     """``DELETE /v1/catalog/items``."""
 
     item_ids: Annotated[list[ItemId], Field(min_length=1, max_length=MAX_CATALOG_BATCH)]
+    min_catalog_version: MinVersion | None = None
 
 
 class CatalogResponse(BaseModel):

@@ -2,6 +2,11 @@
 request is refused before it can join a batch), submits it to the batch scheduler and shapes
 the answer. Bad input raises ``ValueError`` naming the body field (HTTP 422); a feature that
 is not available raises :class:`ApiError` (HTTP 400).
+
+A request's ``min_catalog_version`` (:mod:`genrec.serving.schemas`) is met before the request
+is checked (:meth:`Service.caught_up`: a replica behind catches up from the shared log) and
+checked again on the version its batch ran on: never an answer from an older catalog, an
+:class:`CatalogBehindError` (503 with ``Retry-After``) instead.
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ from genrec.engine import RecommendRequest, ScoreRequest
 from genrec.engine.catalog_state import CatalogState
 from genrec.serving import schemas as S
 from genrec.serving.backends import RankRequest
-from genrec.serving.catalog import CatalogChange, ServiceCatalog
+from genrec.serving.catalog import CatalogChange, PreparedUpdate, ServiceCatalog
 from genrec.serving.completions import item_text, parse_prompt
-from genrec.serving.messages import CatalogUpdate, RankBatch, RecommendBatch, ScoreBatch
+from genrec.serving.messages import CatalogOp, CatalogUpdate, RankBatch, RecommendBatch, ScoreBatch
 from genrec.serving.scheduler import BatchScheduler
 from genrec.serving.worker import BatchWorker
+
+CATCH_UP_S = 1.0  # longest wait for the catalog to reach a request's min_catalog_version
 
 
 class ApiError(Exception):
@@ -32,6 +39,27 @@ class ApiError(Exception):
     def __init__(self, status_code: int, detail: str) -> None:
         super().__init__(detail)
         self.status_code, self.detail = status_code, detail
+
+
+class CatalogBehindError(RuntimeError):
+    """The served catalog has not reached a request's ``min_catalog_version`` in time: retry
+    later (HTTP 503 with ``Retry-After``; ``/metrics`` counts it as ``catalog_behind``)."""
+
+    def __init__(self, wanted: int, version: int) -> None:
+        super().__init__(f"min_catalog_version: {wanted} not reached here yet (catalog "
+                         f"version {version}); retry")
+
+
+def prepare(catalog: ServiceCatalog, op: str, data: list) -> PreparedUpdate | CatalogOp:
+    """The update built on the installed catalog (:meth:`ServiceCatalog.prepare`); following
+    a shared log, an update refused there goes as it is, to be decided on the log's newest
+    catalog (another replica's update may have made it valid)."""
+    try:
+        return catalog.prepare(op, data)
+    except ValueError:
+        if not catalog.follows:
+            raise
+        return CatalogOp(op, data)
 
 
 class Service:
@@ -56,6 +84,33 @@ class Service:
     def catalog_version(self) -> int:
         """The one catalog version of the service (both catalogs, every response, metrics)."""
         return self.worker.catalog_version
+
+    async def caught_up(self, wanted: int | None, deadline_ms: float | None = None) -> None:
+        """Return once the served catalog has version ``wanted`` or later (``None``: at once):
+        a worker that follows a shared log (:meth:`~genrec.serving.worker.Worker.sync`) reads
+        it now; waits at most :data:`CATCH_UP_S` (or ``deadline_ms``), else raises
+        :class:`CatalogBehindError`."""
+        if wanted is None or self.catalog_version() >= wanted:
+            return
+        limit = CATCH_UP_S if deadline_ms is None else min(CATCH_UP_S, deadline_ms / 1000.0)
+        end = time.monotonic() + limit
+        sync = getattr(self.worker, "sync", None)
+        while True:
+            if sync is not None:
+                await asyncio.to_thread(sync, max(0.0, end - time.monotonic()))
+            if self.catalog_version() >= wanted:
+                return
+            if time.monotonic() >= end:
+                raise CatalogBehindError(wanted, self.catalog_version())
+            await asyncio.sleep(0.005)
+
+    @staticmethod
+    def fresh(version: int, wanted: int | None) -> int:
+        """``version`` (what an answer was computed on), checked against the request's
+        ``min_catalog_version`` ``wanted``."""
+        if wanted is not None and version < wanted:
+            raise CatalogBehindError(wanted, version)
+        return version
 
     # -- /v1/recommend -----------------------------------------------------------------------
 
@@ -95,13 +150,15 @@ class Service:
             raise ValueError(f"n: {body.n} must not exceed beam_width ({body.beam_width})")
         if body.rerank and self.ranker is None:
             raise ApiError(400, "rerank: no ranker loaded")
+        await self.caught_up(body.min_catalog_version, deadline_ms)
         request = self._recommend_request(body.history, body.user_vector, body.exclude,
                                           body.allow)
         n = body.beam_width if body.rerank else body.n
         for attempt in range(3):
             found = await self.scheduler.submit(RecommendBatch(body.beam_width, n), request,
                                                 deadline_ms)
-            rec, version = found.value, found.catalog_version
+            rec = found.value
+            version = self.fresh(found.catalog_version, body.min_catalog_version)
             if not body.rerank:
                 return {"items": rec.items, "scores": rec.scores, "catalog_version": version}
             try:
@@ -124,7 +181,8 @@ class Service:
         values = torch.as_tensor(ranked.value, dtype=torch.float32).reshape(-1)
         top = torch.argsort(values, descending=True, stable=True)[: body.n].tolist()
         return {"items": [items[i] for i in top], "scores": [float(values[i]) for i in top],
-                "catalog_version": ranked.catalog_version}
+                "catalog_version": self.fresh(ranked.catalog_version,
+                                              body.min_catalog_version)}
 
     # -- /v1/rank ----------------------------------------------------------------------------
 
@@ -132,14 +190,16 @@ class Service:
         """Scores of the candidates by the ranker (one batched ``rank`` call per batch)."""
         if self.ranker is None:
             raise ApiError(400, "no ranker loaded")
+        await self.caught_up(body.min_catalog_version, deadline_ms)
         request = RankRequest(history=body.history, candidates=body.candidates,
                               user_vector=body.user_vector)
         ranked = await self.scheduler.submit(RankBatch(), request, deadline_ms)
+        version = self.fresh(ranked.catalog_version, body.min_catalog_version)
         values = torch.as_tensor(ranked.value, dtype=torch.float32).reshape(-1).tolist()
         if len(values) != len(body.candidates):
             raise RuntimeError(f"ranker returned {len(values)} scores for "
                                f"{len(body.candidates)} candidates")
-        return {"scores": values, "catalog_version": ranked.catalog_version}
+        return {"scores": values, "catalog_version": version}
 
     # -- /v1/score ---------------------------------------------------------------------------
 
@@ -198,17 +258,21 @@ class Service:
 
     async def score(self, body: S.ScoreBody, deadline_ms: float | None) -> dict:
         """SGLang ``/v1/score``: label probabilities (or softmax over the labels) per item."""
+        await self.caught_up(body.min_catalog_version, deadline_ms)
         requests, shared, n_tokens = self.score_requests(body)
         scores: list[list[float]] = []
+        version = self.catalog_version()
         if requests:
             message = ScoreBatch(tuple(body.label_token_ids), body.apply_softmax)
             result = await self.scheduler.submit(message, requests, deadline_ms)
             values = torch.cat(result.value, dim=0)
             scores = (values if body.apply_softmax else values.exp()).tolist()
+            version = result.catalog_version
+        version = self.fresh(version, body.min_catalog_version)
         return {"scores": scores, "model": body.model or self.model_name,
                 "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
                 "meta_info": {"prompt_tokens": n_tokens, "num_items": len(scores),
-                              "shared_prefix": shared, "catalog_version": self.catalog_version()}}
+                              "shared_prefix": shared, "catalog_version": version}}
 
     # -- /v1/completions ---------------------------------------------------------------------
 
@@ -219,6 +283,7 @@ class Service:
         if not body.use_beam_search:
             raise ApiError(400, "use_beam_search: only constrained beam search is supported "
                                 "(set use_beam_search: true); sampling is not")
+        await self.caught_up(body.min_catalog_version, deadline_ms)
         levels = self._catalog().num_levels
         best_of = body.best_of if body.best_of is not None else body.n
         if body.n > best_of:
@@ -229,7 +294,7 @@ class Service:
         request = self._recommend_request(history, body.user_vector, field="prompt")
         found = await self.scheduler.submit(RecommendBatch(best_of, body.n), request,
                                             deadline_ms)
-        rec = found.value
+        rec, version = found.value, self.fresh(found.catalog_version, body.min_catalog_version)
         catalog = self._catalog()
         choices = [{"index": k, "text": item_text(catalog, item), "item_id": item, "score": score,
                     "logprobs": None, "finish_reason": "length"}
@@ -239,7 +304,7 @@ class Service:
         return {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": body.model or self.model_name, "choices": choices,
                 "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out,
-                          "total_tokens": n_prompt + n_out}}
+                          "total_tokens": n_prompt + n_out}, "catalog_version": version}
 
     # -- /v1/catalog/items -------------------------------------------------------------------
 
@@ -269,7 +334,7 @@ class Service:
             raise RuntimeError(f"unknown catalog operation {op!r}")
         async with self._updating:
             # built beside the batches: the worker only swaps it in
-            prepared = await asyncio.to_thread(catalog.prepare, op, data)
+            prepared = await asyncio.to_thread(prepare, catalog, op, data)
             change: CatalogChange = await self.scheduler.submit(
                 CatalogUpdate(next(self._seq)), prepared, deadline_ms)
         return {"catalog_version": change.version, "count": len(payload),

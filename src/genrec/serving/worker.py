@@ -4,11 +4,16 @@ version, with one method per message kind (:mod:`genrec.serving.messages`).
 The batch scheduler's runner is :meth:`Worker.run` (or the same method of an engine-process
 proxy, :class:`~genrec.serving.engine_process.EngineProcess`): it is called on the
 scheduler's worker thread only, so a catalog update never runs during a batch and each batch
-reads one catalog version.
+reads one catalog version. A catalog that follows a shared state directory
+(:mod:`genrec.serving.catalog_follow`) is caught up under the same rule: a poller thread
+notices the log grew; the catch-up runs before the next batch, or at once when no batch runs
+(:meth:`Worker.sync`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -24,6 +29,7 @@ from genrec.engine import (
 )
 from genrec.serving.backends import CatalogUpdater, Ranker, RankRequest
 from genrec.serving.catalog import CatalogChange, PreparedUpdate, ServiceCatalog
+from genrec.serving.catalog_follow import POLL_S, LogPoller
 from genrec.serving.compaction import CatalogStats
 from genrec.serving.messages import (
     CatalogOp,
@@ -102,6 +108,11 @@ class Worker:
             RecommendBatch: self.recommend, ScoreBatch: self.score, RankBatch: self.rank,
             CatalogUpdate: self.update_catalog,
         }
+        self._batch = threading.Lock()  # held for each batch: catch-ups run between them
+        self._behind = False  # the followed log grew: catch up before the next batch
+        self._poller = None
+        if self.catalog is not None and self.catalog.follows:
+            self._poller = LogPoller(self.catalog.follower.tail.changed, self._log_grew)
 
     @property
     def catalog_version(self) -> int:
@@ -121,7 +132,31 @@ class Worker:
         handler = self._handlers.get(type(message))
         if handler is None:
             raise TypeError(f"unknown message {message!r}")
-        return handler(message, payloads)
+        with self._batch:
+            if self._behind:
+                self._behind = False
+                # a log that cannot be read fails no batch: the poller reports it, and retries
+                with contextlib.suppress(Exception):
+                    self.catalog.catch_up()
+            return handler(message, payloads)
+
+    def _log_grew(self) -> None:
+        self._behind = True
+        self.sync(POLL_S)
+
+    def sync(self, timeout_s: float | None = None) -> int:
+        """Catch the followed catalog up to its log now, between batches (waiting up to
+        ``timeout_s`` for a running batch; after it, the next batch catches up first);
+        returns the version served."""
+        if self._poller is None:
+            return self.catalog_version
+        if not self._batch.acquire(timeout=-1 if timeout_s is None else timeout_s):
+            return self.catalog_version
+        try:
+            self._behind = False
+            return self.catalog.catch_up()
+        finally:
+            self._batch.release()
 
     def recommend(self, message: RecommendBatch, requests: list[RecommendRequest]
                   ) -> list[Versioned[Recommendation]]:
@@ -166,6 +201,9 @@ class Worker:
         return self.catalog.stats()
 
     def close(self) -> None:
-        """Start no more compactions (a running one is waited for briefly, not installed)."""
+        """Stop following the log; start no more compactions (a running one is waited for
+        briefly, not installed)."""
+        if self._poller is not None:
+            self._poller.close()
         if self.catalog is not None:
             self.catalog.close()

@@ -1,0 +1,300 @@
+"""Reading a catalog state directory (:mod:`genrec.serving.catalog_log`), once on start and
+then as it grows: how several server processes agree on one catalog.
+
+Every process that serves a state directory replays it on start (:func:`read_dir`) and then
+follows its log (:class:`LogTail`): a :class:`LogPoller` thread looks at the log file every
+:data:`POLL_S` seconds (one ``stat``: its inode and size; nothing else when neither changed)
+and, when it grew, the served catalog reads the new records and applies them in order, on the
+path of a local update (:meth:`genrec.serving.catalog.ServiceCatalog.catch_up`). A write from
+any process takes the directory's lock for the write only, catches up to the log's end, then
+appends: the log is the one order of the updates, its versions everyone's.
+
+A follower never sees half a record (a write under way reads as a torn tail: it stops there
+and reads on later). When the log is replaced (a fold: a new inode) it reads the new file from
+its start and goes on from its own version; behind the new log's start, it installs the base
+first (:class:`TailRead.base`). When its position no longer fits the file (a record cut off
+again, its update refused), it reads the whole file again and goes on by version.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+from genrec.serving.catalog_base import CatalogBase, base_files, read_base
+from genrec.serving.catalog_log_format import (
+    CatalogLogError,
+    LogRecord,
+    LogScan,
+    scan_bytes,
+    scan_log,
+    scan_records,
+)
+
+logger = logging.getLogger("genrec.serving")
+
+LOG_FILE = "catalog.log"
+POLL_S = 0.03  # how often a follower looks at the log
+
+
+@dataclass(frozen=True)
+class StoredCatalog:
+    """What a state directory holds: the ``base`` (``None``: the catalogs as the server loads
+    them), the version ``after`` that the ``records`` follow."""
+
+    after: int
+    base: CatalogBase | None
+    records: tuple[LogRecord, ...]
+
+    @property
+    def version(self) -> int:
+        """The catalog version these make."""
+        return self.records[-1].version if self.records else self.after
+
+
+@dataclass(frozen=True)
+class TailState:
+    """Where a reader of a log file stands: the file (``inode``; 0: none read yet), the byte
+    ``offset`` after the last good record read, the header (``header_end``; the version
+    ``after`` it follows, and whether a ``base`` file holds that version), and the
+    ``version`` and ``count`` of the records read."""
+
+    inode: int = 0
+    offset: int = 0
+    header_end: int = 0
+    after: int = 0
+    base: bool = False
+    version: int = 0
+    count: int = 0
+
+    @classmethod
+    def of(cls, scan: LogScan) -> TailState:
+        """The position at the end of the good records of ``scan``."""
+        after = scan.header["after"]
+        last = scan.records[-1][1].version if scan.records else after
+        return cls(scan.inode, scan.end, scan.header_end, after, bool(scan.header.get("base")),
+                   last, len(scan.records))
+
+
+@dataclass(frozen=True)
+class TailRead:
+    """What a :meth:`LogTail.read` found: ``base``, to install first (the reader's version was
+    before the log's start), the new records as ``(offset, record)``, the position after
+    them."""
+
+    base: CatalogBase | None
+    records: tuple[tuple[int, LogRecord], ...]
+    state: TailState
+
+
+def newest_base(directory: Path, after: int, required: bool) -> CatalogBase | None:
+    """The newest readable base of ``directory`` not older than version ``after``;
+    ``required``: raise :class:`CatalogLogError` when there is none."""
+    for version, path in sorted(base_files(directory).items(), reverse=True):
+        if version < after:
+            break
+        try:
+            return read_base(path)
+        except CatalogLogError as err:
+            logger.warning("%s; trying an older base", err)
+    if required:
+        raise CatalogLogError(f"{directory / LOG_FILE}: follows base-{after}.pt, and no "
+                              f"readable base of version >= {after} is there")
+    return None
+
+
+def read_state(directory: str | Path, start_version: int | None = None) -> StoredCatalog:
+    """The base and the records of a state directory (read-only: a torn tail is ignored).
+    With ``start_version``, a directory without a log yet (nothing logged) holds no records
+    after that version. Raises :class:`CatalogLogError` for corruption or a version that
+    goes back."""
+    return read_followed(directory, start_version)[0]
+
+
+def read_followed(directory: str | Path, start_version: int | None = None
+                  ) -> tuple[StoredCatalog, TailState]:
+    """:func:`read_state`, and the position at the end of what it read (to follow from)."""
+    directory = Path(directory)
+    if (start_version is not None and not (directory / LOG_FILE).exists()
+            and not (directory.is_dir() and base_files(directory))):
+        return StoredCatalog(int(start_version), None, ()), TailState(version=int(start_version))
+    stored, scan = read_dir(directory)
+    return stored, TailState.of(scan)
+
+
+def read_dir(directory: Path) -> tuple[StoredCatalog, LogScan]:
+    """What ``directory`` holds, and the scan of its log file."""
+    path = directory / LOG_FILE
+    if not path.is_file():
+        raise CatalogLogError(f"{path}: no catalog log")
+    scan = scan_log(path)
+    after = scan.header["after"]
+    base = newest_base(directory, after, bool(scan.header.get("base")))
+    records = tuple(r for _, r in scan.records)
+    if base is not None and base.version > after:  # a crash during a fold: the base is newer
+        last = records[-1].version if records else after
+        if last < base.version:
+            raise CatalogLogError(f"{path}: ends at version {last}, before base-{base.version}"
+                                  f".pt: versions go back")
+        after, records = base.version, tuple(r for r in records if r.version > base.version)
+    return StoredCatalog(after, base, records), scan
+
+
+class LogTail:
+    """Follows the log of ``directory`` from ``state``: :meth:`changed` is cheap, :meth:`read`
+    returns what was appended since. Not thread-safe: one reader (the catalog, under its
+    lock) at a time."""
+
+    def __init__(self, directory: str | Path, state: TailState) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / LOG_FILE
+        self.state = state
+
+    def changed(self) -> bool:
+        """Whether the log file is not the one read up to its end (one ``stat``)."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return st.st_ino != self.state.inode or st.st_size != self.state.offset
+
+    def rewind(self) -> None:
+        """Read the whole file next time (the position may no longer fit it)."""
+        self.state = replace(self.state, inode=0)
+
+    def read(self, version: int) -> TailRead:
+        """The records after ``version`` (the reader's catalog version) appended since the
+        last read, and the base to install first when the log now starts after ``version``.
+        The position is not moved: set :attr:`state` to the answer's once it is applied.
+        Raises :class:`CatalogLogError` for a log that cannot be read as written."""
+        s = self.state
+        try:
+            f = open(self.path, "rb")
+        except FileNotFoundError:
+            return TailRead(None, (), s)
+        with f:
+            st = os.fstat(f.fileno())
+            if st.st_ino == s.inode and st.st_size == s.offset:
+                return TailRead(None, (), s)
+            if st.st_ino == s.inode and st.st_size > s.offset:
+                f.seek(s.offset)
+                try:  # the usual case: records appended after the position
+                    found, end = scan_records(f.read(), 0, s.version + 1, self.path, s.offset)
+                    state = replace(s, offset=end, version=found[-1][1].version if found
+                                    else s.version, count=s.count + len(found))
+                    return TailRead(None, tuple(r for r in found if r[1].version > version),
+                                    state)
+                except CatalogLogError:
+                    f.seek(0)  # the position does not fit (a record cut off): read it all
+            else:
+                f.seek(0)
+            scan = scan_bytes(f.read(), self.path, st.st_ino)
+        state = TailState.of(scan)
+        base = None
+        if version < state.after:
+            where = base_files(self.directory).get(state.after)
+            if where is None:
+                raise CatalogLogError(f"{self.path}: follows base-{state.after}.pt, which is "
+                                      f"not there")
+            base = read_base(where)
+        done = max(version, state.after)
+        return TailRead(base, tuple(r for r in scan.records if r[1].version > done), state)
+
+
+class Followed(Protocol):
+    """A catalog that a :class:`LogFollower` brings forward (called under its lock)."""
+
+    @property
+    def catalog_version(self) -> int: ...
+
+    def install_base(self, base: CatalogBase) -> None:
+        """Replace the catalog by ``base``."""
+        ...
+
+    def install_logged(self, record: LogRecord) -> None:
+        """Apply ``record``; ``ValueError`` when refused (as by the process that logged it)."""
+        ...
+
+
+class LogFollower:
+    """Applies what a :class:`LogTail` finds, in order, to a :class:`Followed` catalog, and
+    remembers the last ``recent`` records it applied (:meth:`logged`)."""
+
+    def __init__(self, tail: LogTail, recent: int = 64) -> None:
+        self.tail = tail
+        self._recent: deque[LogRecord] = deque(maxlen=recent)
+
+    def catch_up(self, catalog: Followed, cut: Callable[[TailState], None] | None = None
+                 ) -> None:
+        """Bring ``catalog`` to the log's end. A record it refuses stops there (read again
+        later: its writer cuts it off). ``cut``: the directory's lock is held, so a refused
+        last record is a dead writer's: ``cut(position before it)`` cuts it off; a refused
+        record that later ones follow raises ``RuntimeError`` (the catalogs disagree)."""
+        read = self.tail.read(catalog.catalog_version)
+        if read.base is not None:  # the log was folded past this version
+            catalog.install_base(read.base)
+        state = read.state
+        for k, (offset, record) in enumerate(read.records):
+            try:
+                catalog.install_logged(record)
+            except ValueError as err:
+                if cut is None:
+                    logger.warning("%s: version %d refused here (%s); read again later",
+                                   self.tail.path, record.version, err)
+                    self.tail.rewind()
+                    return
+                if k < len(read.records) - 1:
+                    raise RuntimeError(f"{self.tail.path}: version {record.version}, applied "
+                                       f"by later writers, is refused here: {err}") from err
+                state = replace(state, offset=offset, version=record.version - 1,
+                                count=state.count - 1)
+                cut(state)
+                break
+            self._recent.append(record)
+        self.tail.state = state
+
+    def logged(self, op: str, data: list) -> int | None:
+        """The version of the last applied record of this update (``None``: none recent)."""
+        for record in reversed(self._recent):
+            if record.op == op and record.data == data:
+                return record.version
+        return None
+
+
+class LogPoller:
+    """A daemon thread that calls ``on_change()`` whenever ``changed()`` is true, looking
+    every ``interval_s`` seconds until :meth:`close`. An error of either is logged (at most
+    once per ``quiet_s``) and tried again at the next look."""
+
+    def __init__(self, changed: Callable[[], bool], on_change: Callable[[], None],
+                 interval_s: float = POLL_S, quiet_s: float = 10.0) -> None:
+        self.changed, self.on_change = changed, on_change
+        self.interval_s, self.quiet_s = interval_s, quiet_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="genrec-catalog-follow",
+                                        daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        reported = -self.quiet_s
+        while not self._stop.wait(self.interval_s):
+            try:
+                if self.changed():
+                    self.on_change()
+            except Exception:  # noqa: BLE001 - logged; the next look tries again
+                if time.monotonic() - reported >= self.quiet_s:
+                    reported = time.monotonic()
+                    logger.exception("following the catalog log failed (tried again)")
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """Stop looking; wait up to ``timeout_s`` for a call under way."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
