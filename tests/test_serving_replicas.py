@@ -178,6 +178,14 @@ def test_two_servers_on_one_state_directory_agree(tmp_path: Path, engine: Engine
         assert ahead.status_code == 503 and "min_catalog_version" in ahead.json()["detail"]
         assert ahead.headers["Retry-After"]
         assert time.monotonic() - began < 5
+        by_header = post(urls[0], "/v1/recommend", WIDE,
+                         headers={"X-Min-Catalog-Version": str(end_version + 1)})
+        assert by_header.status_code == 503 and by_header.headers["Retry-After"]
+        met = post(urls[0], "/v1/recommend", WIDE,
+                   headers={"X-Min-Catalog-Version": str(end_version)})
+        assert met.status_code == 200 and met.json()["catalog_version"] == end_version
+        bad = post(urls[0], "/v1/recommend", WIDE, headers={"X-Min-Catalog-Version": "x"})
+        assert bad.status_code == 422 and "X-Min-Catalog-Version" in bad.json()["detail"]
         metrics = httpx.get(urls[1] + "/metrics").text
         assert 'genrec_rejected_total{reason="catalog_behind"}' in metrics
     finally:

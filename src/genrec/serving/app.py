@@ -79,6 +79,18 @@ def _deadline(request: Request, body_ms: int | None) -> float | None:
     return min(values) if values else None
 
 
+def _min_version(request: Request, body: Any) -> Any:
+    """``body`` with ``min_catalog_version`` raised to the ``X-Min-Catalog-Version`` header's
+    (the larger of the two counts)."""
+    header = request.headers.get("x-min-catalog-version")
+    if header is None:
+        return body
+    if not header.strip().isdigit() or int(header) >= S.INT64_END:
+        raise ValueError(f"X-Min-Catalog-Version: expected a catalog version, got {header!r}")
+    wanted = max(int(header), body.min_catalog_version or 0)
+    return body.model_copy(update={"min_catalog_version": wanted})
+
+
 class _Guard:
     """ASGI middleware: refuses oversized bodies (413) and, while draining, new ``/v1``
     requests (503); turns unhandled errors into a bare 500; records every answer's metrics."""
@@ -225,22 +237,26 @@ def _add_routes(app: FastAPI, service: Service) -> None:
     @app.post("/v1/recommend", response_model=S.RecommendResponse)
     async def recommend(body: S.RecommendBody, request: Request) -> dict:
         """Top-n catalog items by constrained beam search (``rerank``: then the ranker)."""
-        return await service.recommend(body, _deadline(request, body.deadline_ms))
+        return await service.recommend(_min_version(request, body),
+                                       _deadline(request, body.deadline_ms))
 
     @app.post("/v1/rank", response_model=S.RankResponse)
     async def rank(body: S.RankBody, request: Request) -> dict:
         """Scores of candidate items by the loaded ranker."""
-        return await service.rank(body, _deadline(request, body.deadline_ms))
+        return await service.rank(_min_version(request, body),
+                                  _deadline(request, body.deadline_ms))
 
     @app.post("/v1/score", response_model=S.ScoreResponse)
     async def score(body: S.ScoreBody, request: Request) -> dict:
         """SGLang-compatible label probabilities after query + item."""
-        return await service.score(body, _deadline(request, body.deadline_ms))
+        return await service.score(_min_version(request, body),
+                                   _deadline(request, body.deadline_ms))
 
     @app.post("/v1/completions", response_model=S.CompletionResponse)
     async def completions(body: S.CompletionBody, request: Request) -> dict:
         """OpenAI-compatible completions subset (constrained beam search)."""
-        return await service.complete(body, _deadline(request, body.deadline_ms))
+        return await service.complete(_min_version(request, body),
+                                      _deadline(request, body.deadline_ms))
 
     @app.put("/v1/catalog/items", response_model=S.CatalogResponse)
     async def upsert_items(body: S.CatalogUpsertBody, request: Request) -> dict:

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from genrec.serving.catalog_base import CatalogBase, install_base, install_updates, ranker_part
 from genrec.serving.catalog_follow import LogFollower, LogTail, StoredCatalog, read_followed
+from genrec.serving.catalog_items import SemanticIds, check_items, split_items
 from genrec.serving.catalog_log import CatalogLog, FoldPolicy
 from genrec.serving.catalog_log_format import CatalogLogError, LogRecord
 from genrec.serving.compaction import CatalogStats, Compactor, LogFolder
@@ -205,32 +206,14 @@ class ServiceCatalog:
         other fields (text, vectors...)."""
         return ranker_part(item) is not None
 
-    def split(self, items: list[dict[str, Any]]) -> tuple[list[tuple[int, list[int] | None]],
-                                                          list[dict[str, Any]]]:
-        """``(item id, Semantic ID or None)`` per item, and the items for the ranker (without
-        ``semantic_id``). Raises ``ValueError`` naming the field for duplicate ids."""
-        seen: dict[int, int] = {}
-        for k, item in enumerate(items):
-            i = item["item_id"]
-            if i in seen:
-                raise ValueError(f"items[{k}].item_id: item {i} is given twice (also "
-                                 f"items[{seen[i]}])")
-            seen[i] = k
-        sids = [(it["item_id"], it.get("semantic_id")) for it in items]
-        ranker = [part for part in map(ranker_part, items) if part is not None]
-        return sids, ranker
+    def split(self, items: list[dict[str, Any]]) -> tuple[SemanticIds, list[dict[str, Any]]]:
+        """:func:`~genrec.serving.catalog_items.split_items`."""
+        return split_items(items)
 
     def check(self, items: list[dict[str, Any]]) -> None:
-        """What this server cannot do at all (raises ``LookupError`` naming the field):
-        Semantic IDs without a generative model, ranker items without a ranker updater."""
-        for k, item in enumerate(items):
-            if item.get("semantic_id") is not None and not self.generative:
-                raise LookupError(f"items[{k}].semantic_id: this model has no Semantic-ID "
-                                  f"vocabulary (not a generative model)")
-            if self.ranker_updater is None and self.for_ranker(item):
-                raise LookupError(f"items[{k}]: no ranker catalog to update (the server has no "
-                                  f"catalog updater); an item of the generative catalog takes "
-                                  f"only 'item_id' and 'semantic_id'")
+        """What this server cannot do at all (``LookupError`` naming the field):
+        :func:`~genrec.serving.catalog_items.check_items`."""
+        check_items(items, self.generative, self.ranker_updater is not None)
 
     def upsert(self, items: list[dict[str, Any]]) -> CatalogChange:
         """Add or replace items (see the module docstring); returns the change."""

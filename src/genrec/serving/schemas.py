@@ -5,7 +5,8 @@ are rejected), floats must be finite (``NaN`` and ``Infinity``, which Python's J
 accepts, are rejected), lists have upper bounds, and unknown fields are errors except in the
 OpenAI/SGLang-compatible bodies, whose clients send extra fields.
 
-Every ``/v1`` body takes ``min_catalog_version``: the answer is computed on that catalog
+Every ``/v1`` body takes ``min_catalog_version`` (also as the ``X-Min-Catalog-Version``
+header; the larger counts): the answer is computed on that catalog
 version or a later one (a replica behind catches up first, waiting at most about a second or
 the request's deadline, else answers 503 with ``Retry-After``), and every answer says the
 version it used (``catalog_version``; ``meta_info.catalog_version`` for ``/v1/score``). An
