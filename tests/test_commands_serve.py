@@ -120,3 +120,29 @@ def test_acknowledged_updates_survive_kill_and_restart(tmp_path, engine: Engine,
     finally:
         proc.kill()
         proc.wait(30)
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0,
+                    reason="needs a directory the user cannot write (root writes everywhere)")
+def test_a_read_only_model_needs_a_catalog_state_dir(tmp_path, engine: Engine) -> None:  # noqa: ANN001
+    model = saved(engine, tmp_path / "model")
+    model.chmod(0o555)
+    try:
+        run = subprocess.run([sys.executable, "-m", "genrec.cli", "serve", "--model", str(model)],
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        model.chmod(0o755)
+    assert run.returncode == 2 and "--catalog-state DIR" in run.stderr
+
+
+def test_catalog_state_dir_defaults_to_the_model_and_refuses_a_read_only_one(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    from genrec.commands.serve import catalog_state_dir
+
+    assert catalog_state_dir(tmp_path, None, False) == str(tmp_path / "catalog-state")
+    assert catalog_state_dir(tmp_path, tmp_path / "x", False) == str(tmp_path / "x")
+    assert catalog_state_dir(tmp_path, None, True) is None
+    monkeypatch.setattr(os, "access", lambda *_: False)  # a checkpoint the server cannot write
+    with pytest.raises(ValueError, match="--catalog-state DIR"):
+        catalog_state_dir(tmp_path, None, False)
+    assert catalog_state_dir(tmp_path, tmp_path / "x", False) == str(tmp_path / "x")

@@ -9,6 +9,7 @@ Heavy modules are imported inside the function so that ``genrec --help`` stays f
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -92,6 +93,7 @@ def serve(
     try:
         api_key, admin_key = keys_from_env(api_key, admin_key)
         warning = check_bind(host, api_key, admin_key, allow_insecure)
+        state_dir = catalog_state_dir(model, catalog_state, volatile_catalog)
     except ValueError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
@@ -100,7 +102,7 @@ def serve(
     config = ServeConfig(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
                          max_queue=max_queue, model_name=model.name,
                          engine_process=engine_process, api_key=api_key, admin_key=admin_key,
-                         catalog_state=_catalog_state(model, catalog_state, volatile_catalog))
+                         catalog_state=state_dir)
     spec = AppSpec.of(model, ranker, catalog, tokenizer, device=device, dtype=dtype,
                       threads=threads, config=config)
     if ray:
@@ -116,13 +118,20 @@ def serve(
     run_server(app, host=host, port=port, log_level=log_level)
 
 
-def _catalog_state(model: Path, given: Path | None, volatile: bool) -> str | None:
-    """The durable catalog's directory (absolute), or ``None`` with ``--volatile-catalog``
-    (updates in memory only). Every server process on one directory (Ray replicas, or
+def catalog_state_dir(model: Path, given: Path | None, volatile: bool) -> str | None:
+    """The durable catalog's directory (absolute; default ``MODEL/catalog-state``), or
+    ``None`` with ``--volatile-catalog`` (updates in memory only); ``ValueError`` when the
+    default cannot be written. Every server process on one directory (Ray replicas, or
     ``genrec serve`` processes on other ports) follows it and takes updates: the log orders
     them all."""
     if volatile:
         return None
+    if given is None and model.is_dir() and not (model / "catalog-state").exists() and (
+            not os.access(model, os.W_OK)):
+        # a read-only checkpoint: say so now rather than acknowledge updates it cannot keep
+        raise ValueError(f"--model {model} is not writable, so the catalog's update log "
+                         f"cannot live in it: give --catalog-state DIR (a writable directory) "
+                         f"or --volatile-catalog (updates in memory only)")
     return str((given if given is not None else model / "catalog-state").expanduser().absolute())
 
 
