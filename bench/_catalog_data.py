@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from genrec import Engine, EngineConfig, RecommendRequest
-from genrec.catalog.semantic_ids import group_counter
+from genrec.catalog.semantic_ids import group_counter, mixed_radix_key
 from genrec.engine.catalog_state import CatalogState
 from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID
 from genrec.model import ModelConfig, build_model
@@ -19,20 +19,12 @@ from genrec.model import ModelConfig, build_model
 LEVELS, CODES, HISTORY = 3, 256, 20
 
 
-def mixed_radix(codes: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-    """int64 key of each code row [N, L] (order-preserving)."""
-    key = torch.zeros(codes.shape[0], dtype=torch.int64)
-    for level, k in enumerate(sizes):
-        key = key * k + codes[:, level]
-    return key
-
-
 def random_sids(n: int, seed: int) -> tuple[torch.Tensor, list[int]]:
     """``n`` random 3 x 256 Semantic IDs plus the dedup level (codes int64 [n, 4], sizes; the
     dedup level's size is the largest collision count)."""
     g = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, CODES, (n, LEVELS), generator=g)
-    counter = group_counter(mixed_radix(codes, [CODES] * LEVELS))
+    counter = group_counter(mixed_radix_key(codes, [CODES] * LEVELS))
     sizes = [CODES] * LEVELS + [int(counter.max()) + 1]
     return torch.cat([codes, counter[:, None]], dim=1), sizes
 
@@ -40,13 +32,13 @@ def random_sids(n: int, seed: int) -> tuple[torch.Tensor, list[int]]:
 def free_sids(codes: torch.Tensor, sizes: list[int], m: int, seed: int) -> torch.Tensor:
     """``m`` distinct random Semantic IDs no row of ``codes`` has: int64 [m, L]."""
     g = torch.Generator().manual_seed(seed)
-    taken = torch.sort(mixed_radix(codes, sizes)).values
+    taken = torch.sort(mixed_radix_key(codes, sizes)).values
     got = torch.zeros(0, len(sizes), dtype=torch.int64)
     while got.shape[0] < m:
         want = 2 * (m - got.shape[0]) + 16
         cand = torch.stack([torch.randint(0, k, (want,), generator=g) for k in sizes], 1)
         cand = torch.cat([got, cand])
-        key = mixed_radix(cand, sizes)
+        key = mixed_radix_key(cand, sizes)
         pos = torch.searchsorted(taken, key).clamp(max=taken.numel() - 1)
         cand, key = cand[taken[pos] != key], key[taken[pos] != key]
         _, first = _first_of_each(key)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from genrec import Engine, EngineConfig
-from genrec.catalog.semantic_ids import SemanticIndex, group_counter
+from genrec.catalog.semantic_ids import SemanticIndex, group_counter, mixed_radix_key
 from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.model import ModelConfig, build_model
 
@@ -29,10 +29,7 @@ def random_catalog(n: int, seed: int = 0, levels: int = 3, size: int = 256
     and the codebook sizes."""
     g = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, size, (n, levels), generator=g)
-    key = torch.zeros(n, dtype=torch.int64)
-    for level in range(levels):
-        key = key * size + codes[:, level]
-    dedup = group_counter(key)
+    dedup = group_counter(mixed_radix_key(codes, [size] * levels))
     return torch.cat([codes, dedup[:, None]], 1), [size] * levels + [int(dedup.max()) + 1]
 
 

@@ -10,6 +10,7 @@ from genrec.catalog.semantic_ids import (
     dedup_level,
     group_counter,
     load_sid_index,
+    mixed_radix_key,
 )
 
 
@@ -152,3 +153,11 @@ def test_load_sid_index_errors_and_collisions(tmp_path):
 def test_group_counter_matches_dedup_level_on_keys():
     key = torch.tensor([7, 3, 7, 7, 3, 1])
     assert group_counter(key).tolist() == [0, 0, 1, 2, 1, 0]
+
+
+def test_mixed_radix_key_orders_like_the_code_tuples():
+    codes = torch.tensor([[1, 0, 2], [0, 3, 1], [1, 0, 0], [0, 3, 2]])
+    key = mixed_radix_key(codes, [2, 4, 3])
+    assert key.tolist() == [1 * 12 + 0 + 2, 0 + 3 * 3 + 1, 12, 3 * 3 + 2]
+    ranked = sorted(range(4), key=lambda i: codes[i].tolist())
+    assert torch.argsort(key).tolist() == ranked

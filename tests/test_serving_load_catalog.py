@@ -36,6 +36,7 @@ from serving_load_client import __file__ as CLIENT
 from serving_load_server import __file__ as SERVER
 from serving_load_server import random_catalog
 
+from genrec.catalog.semantic_ids import mixed_radix_key
 from genrec.serving.compaction import compaction_threshold
 from genrec.serving.server import free_port
 
@@ -70,19 +71,12 @@ def start_server(tmp: Path, n_items: int) -> tuple[subprocess.Popen, str, torch.
         raise
 
 
-def keys_of(codes: torch.Tensor, sizes: list[int]) -> torch.Tensor:
-    key = torch.zeros(codes.shape[0], dtype=torch.int64)
-    for level, k in enumerate(sizes):
-        key = key * k + codes[:, level]
-    return key
-
-
 def free_ids(codes: torch.Tensor, sizes: list[int], count: int, seed: int) -> list[list[int]]:
     """``count`` Semantic IDs no item has, in random order."""
     g = torch.Generator().manual_seed(seed)
     cand = torch.stack([torch.randint(0, k, (2 * count + 1000,), generator=g) for k in sizes], 1)
-    keys = torch.unique(keys_of(cand, sizes))
-    keys = keys[~torch.isin(keys, keys_of(codes, sizes))]
+    keys = torch.unique(mixed_radix_key(cand, sizes))
+    keys = keys[~torch.isin(keys, mixed_radix_key(codes, sizes))]
     keys = keys[torch.randperm(keys.numel(), generator=g)][:count]
     assert keys.numel() == count
     out = torch.zeros(count, len(sizes), dtype=torch.int64)

@@ -112,11 +112,7 @@ class SemanticIndex:
         return self.codes_to_items(self.tokens_to_codes(tokens, base))
 
     def _keys(self, codes: torch.Tensor) -> torch.Tensor:
-        """Mixed-radix integer key of each code tuple: [..., levels] -> [...]."""
-        key = torch.zeros(codes.shape[:-1], dtype=torch.int64, device=codes.device)
-        for level, k in enumerate(self.codebook_sizes):
-            key = key * k + codes[..., level]
-        return key
+        return mixed_radix_key(codes, self.codebook_sizes)
 
     def _lookup_table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         if self._lookup is None:
@@ -195,6 +191,15 @@ def duplicate_groups(codes: torch.Tensor) -> list[list[int]]:
     for item, group in zip(items.tolist(), inverse[items].tolist(), strict=True):
         groups.setdefault(group, []).append(item)
     return sorted(groups.values(), key=lambda g: (-len(g), g[0]))
+
+
+def mixed_radix_key(codes: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+    """Mixed-radix integer key of each code tuple, in lexicographic order of the tuples
+    (int64; the product of ``sizes`` must fit): [..., levels] -> [...]."""
+    key = torch.zeros(codes.shape[:-1], dtype=torch.int64, device=codes.device)
+    for level, k in enumerate(sizes):
+        key = key * k + codes[..., level]
+    return key
 
 
 def group_counter(key: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from genrec.catalog.semantic_ids import SemanticIndex
+from genrec.catalog.semantic_ids import SemanticIndex, mixed_radix_key
 
 # A level stays dense when its table has at most this many slots, or is at least 1/4 full.
 _DENSE_SLOTS = 1 << 20
@@ -74,10 +74,7 @@ def _lex_order(codes: torch.Tensor, sizes: list[int]) -> torch.Tensor:
     # ranked order of the rows of codes [N, L]: one sort of a mixed-radix key where it fits in
     # int64, else stable sorts from the last level to the first
     if math.prod(sizes) < 2**62:
-        key = torch.zeros(codes.shape[0], dtype=torch.int64, device=codes.device)
-        for level, k in enumerate(sizes):
-            key = key * k + codes[:, level]
-        return torch.argsort(key)
+        return torch.argsort(mixed_radix_key(codes, sizes))
     order = torch.arange(codes.shape[0], device=codes.device)
     for level in reversed(range(len(sizes))):
         order = order[torch.sort(codes[order, level], stable=True).indices]

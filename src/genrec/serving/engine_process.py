@@ -136,6 +136,11 @@ class EngineProcess:
         """The one catalog version (the child's, mirrored here)."""
         return self.local.catalog_version
 
+    def sync(self, timeout_s: float | None = None) -> int:
+        """The local worker's :meth:`~genrec.serving.worker.Worker.sync` (its copy follows
+        the log the child writes)."""
+        return self.local.sync(timeout_s)
+
     @property
     def pid(self) -> int | None:
         """The child's process id."""

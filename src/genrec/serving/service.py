@@ -94,10 +94,8 @@ class Service:
             return
         limit = CATCH_UP_S if deadline_ms is None else min(CATCH_UP_S, deadline_ms / 1000.0)
         end = time.monotonic() + limit
-        sync = getattr(self.worker, "sync", None)
         while True:
-            if sync is not None:
-                await asyncio.to_thread(sync, max(0.0, end - time.monotonic()))
+            await asyncio.to_thread(self.worker.sync, max(0.0, end - time.monotonic()))
             if self.catalog_version() >= wanted:
                 return
             if time.monotonic() >= end:

@@ -67,6 +67,10 @@ class BatchWorker(Protocol):
         """One result per payload, in order (see :mod:`genrec.serving.messages`)."""
         ...
 
+    def sync(self, timeout_s: float | None = None) -> int:
+        """Catch a catalog that follows a shared log up to it now; the version served."""
+        ...
+
     def catalog_stats(self) -> CatalogStats | None:
         """The generative catalog of the engine that searches (``None``: none)."""
         ...
