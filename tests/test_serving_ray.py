@@ -9,7 +9,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -78,10 +79,8 @@ def test_two_replicas_answer_like_the_offline_engine(served: str, checkpoint: Pa
         assert r.json()["items"] == items
         assert torch.allclose(torch.tensor(r.json()["scores"]), torch.tensor(scores), atol=1e-4)
         replicas.add(r.headers[REPLICA_HEADER])
-    for _ in range(40):  # the proxy picks replicas at random: more requests until both seen
-        if len(replicas) == 2:
-            break
-        replicas.add(httpx.get(served + "/health", timeout=30).headers[REPLICA_HEADER])
+    replicas |= until_both_replicas(
+        lambda: {httpx.get(served + "/health", timeout=30).headers[REPLICA_HEADER]})
     assert len(replicas) == 2
     bad = post(served, "/v1/recommend", {"history": [999]})
     assert bad.status_code == 422 and bad.json()["detail"].startswith("history:")
@@ -94,18 +93,30 @@ def test_replicas_share_catalog_updates(served: str) -> None:
                          timeout=30)
     assert done.status_code == 200, done.text
     version = done.json()["catalog_version"]
-    replicas = set()
-    for _ in range(40):  # until both replicas answered (bounded)
+
+    def read() -> set[str]:
         r = post(served, "/v1/recommend", {**wide, "min_catalog_version": version})
         if r.status_code == 503:  # not caught up within its wait: never an older answer
             assert "min_catalog_version" in r.json()["detail"]
-            continue
+            return set()
         assert r.status_code == 200 and r.json()["catalog_version"] >= version, r.text
         assert not set(retired) & set(r.json()["items"])
-        replicas.add(r.headers[REPLICA_HEADER])
-        if len(replicas) == 2:
-            break
-    assert len(replicas) == 2
+        return {r.headers[REPLICA_HEADER]}
+
+    assert len(until_both_replicas(read)) == 2
+
+
+def until_both_replicas(call: Callable[[], set[str]], timeout_s: float = 120.0) -> set[str]:
+    """The replicas that answered ``call`` (which returns the replica ids it saw), made 8 at
+    a time until both answered or ``timeout_s`` passed. Concurrent calls: Ray Serve's router
+    may send sequential requests to the replica it last saw idle for seconds."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout_s
+    with ThreadPoolExecutor(8) as pool:
+        while len(seen) < 2 and time.monotonic() < deadline:
+            for found in pool.map(lambda _: call(), range(8)):
+                seen |= found
+    return seen
 
 
 def test_serve_ray_without_ray_says_what_to_install(checkpoint: Path,
