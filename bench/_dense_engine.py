@@ -19,12 +19,14 @@ import torch.nn.functional as F
 from _dense_trie import DenseTrie, allowed_codes, build_item_mask, ranked_prefix_counts
 
 from genrec.catalog.semantic_ids import duplicate_groups
-from genrec.engine.beam import BeamResult, level_logprobs, search_layouts
+from genrec.engine.beam import BeamResult, level_logprobs, prompt_forward
 from genrec.engine.engine import Engine
 from genrec.engine.params import BeamParams, Recommendation, RecommendRequest
 from genrec.generative.vocab import BOS_ID
+from genrec.model.beam_step import BeamStepLayout, advance_ancestry
 from genrec.model.decoder import DecoderLM
-from genrec.model.layout import AttentionLayout, Readout
+from genrec.model.kv_cache import KVCache
+from genrec.model.layout import AttentionLayout
 
 _NEG_INF = float("-inf")
 
@@ -117,15 +119,17 @@ def dense_beam_search(
     prefix_layout: AttentionLayout, prefix_last: torch.Tensor, beam_width: int,
     item_counts: torch.Tensor | None = None,
 ) -> BeamResult:
-    """The old ``constrained_beam_search`` loop over the dense trie."""
+    """The old ``constrained_beam_search`` loop over the dense trie (the engine's own prompt
+    forward and beam steps: only the catalog side is the old one)."""
     device = embeds.device
     n_req, width, levels = prefix_layout.num_requests, beam_width, trie.num_levels
     sizes = trie.codebook_sizes
-    readout_layout, layouts = search_layouts(
-        prefix_layout.prefix_len.tolist(), prefix_layout.prefix_cap, width, levels, device)
-    cache = model.new_cache(prefix_layout, num_branches=n_req * width, branch_cap=levels - 1)
-    readout = Readout(rows=prefix_last, layout=readout_layout)
-    hidden = model(embeds, prefix_layout.positions, prefix_layout, cache, readout=readout)
+    cfg = model.config
+    cache = KVCache(cfg.num_hidden_layers, n_req, prefix_layout.prefix_cap, n_req * width,
+                    levels - 1, cfg.num_key_value_heads, cfg.head_dim, model.dtype, device)
+    hidden, prefix_len = prompt_forward(model, embeds, prefix_layout.prefix_len.tolist(),
+                                        prefix_last, cache)
+    ancestry = torch.arange(n_req * width, device=device)[:, None].repeat(1, levels - 1)
     rows = torch.arange(n_req, device=device)[:, None] * width
     logp = level_logprobs(model, hidden, level_offsets[0], sizes[0])
     nodes = torch.zeros(n_req, 1, dtype=torch.long, device=device)
@@ -149,10 +153,10 @@ def dense_beam_search(
             scores = F.pad(scores, (0, pad), value=_NEG_INF)
             parent, code = F.pad(parent, (0, pad)), F.pad(code, (0, pad))
         if level > 0:
-            cache.reorder_branches((rows + parent).reshape(-1))
+            ancestry = advance_ancestry(ancestry, (rows + parent).reshape(-1), level)
         tokens = (code + level_offsets[level]).reshape(-1)
-        layout = layouts[level]
-        hidden = model(model.model.embed_tokens(tokens), layout.positions, layout, cache)
+        step = BeamStepLayout(prefix_len, ancestry, width, level + 1, levels - 1)
+        hidden = model(model.model.embed_tokens(tokens), step.positions(), step, cache)
         logp = level_logprobs(model, hidden, level_offsets[level + 1], sizes[level + 1])
     return BeamResult(items=nodes, scores=scores)
 

@@ -10,7 +10,8 @@ and the offline engine on the same requests.
 The server/offline ratio is the share of the engine's throughput that survives HTTP, JSON and
 batching. Client and server share the machine's cores.
 
-Quick run: ``python bench/serve.py --duration 3``. With a ranker:
+Quick run: ``python bench/serve.py --duration 3``. ``--overlap compare``: the server without,
+then with overlap scheduling (batch k+1 packed while batch k runs), side by side. With a ranker:
 ``python bench/serve.py --ranker RANKER_DIR --catalog STORE_DIR``.
 """
 
@@ -155,7 +156,8 @@ async def load(url: str, path: str, bodies: list[dict], concurrency: int,
             "p99_ms": 1000 * percentile(latencies, 0.99), "errors": errors}
 
 
-def start_server(args: argparse.Namespace, model: Path, port: int) -> subprocess.Popen:
+def start_server(args: argparse.Namespace, model: Path, port: int,
+                 overlap: str = "default") -> subprocess.Popen:
     cmd = [sys.executable, "-m", "genrec.cli", "serve", "--model", str(model), "--port",
            str(port), "--max-batch-size", str(args.max_batch_size), "--max-wait-ms",
            str(args.max_wait_ms), "--threads", str(args.threads), "--log-level", "warning",
@@ -164,6 +166,8 @@ def start_server(args: argparse.Namespace, model: Path, port: int) -> subprocess
         cmd += ["--ranker", args.ranker, "--catalog", args.catalog]
     if args.engine_process:
         cmd.append("--engine-process")
+    if overlap != "default":
+        cmd.append(f"--{'' if overlap == 'on' else 'no-'}overlap")
     proc = subprocess.Popen(cmd)
     import httpx
 
@@ -203,6 +207,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="genrec serve --engine-process: the engine in its own process")
     p.add_argument("--client", default="raw", choices=["raw", "httpx"],
                    help="load generator: minimal keep-alive HTTP/1.1 (raw) or httpx")
+    p.add_argument("--overlap", default="default", choices=["default", "on", "off", "compare"],
+                   help="the server's overlap scheduling (compare: off, then on, side by side)")
     p.add_argument("--json", default=None)
     return p.parse_args(argv)
 
@@ -243,29 +249,31 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     from genrec.serving.server import free_port
 
-    port = args.port or free_port()
-    proc = start_server(args, model, port)
+    settings = ["off", "on"] if args.overlap == "compare" else [args.overlap]
     records = []
-    try:
-        for path, reqs in bodies.items():
-            for c in levels:
-                res = asyncio.run(load(f"http://127.0.0.1:{port}", path, reqs, c, args.duration,
-                                       args.client))
-                rec = {"endpoint": path, "concurrency": c, **res,
-                       "offline_requests_per_s": offline[path],
-                       "ratio": res["requests_per_s"] / offline[path]}
-                records.append(rec)
-                print(f"{path} c={c}: {res['requests_per_s']:.1f} req/s, p50 "
-                      f"{res['p50_ms']:.1f} ms, p99 {res['p99_ms']:.1f} ms", flush=True)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-    rows = [[r["endpoint"], str(r["concurrency"]), f"{r['requests_per_s']:.1f}",
+    for overlap in settings:
+        port = args.port or free_port()
+        proc = start_server(args, model, port, overlap)
+        try:
+            for path, reqs in bodies.items():
+                for c in levels:
+                    res = asyncio.run(load(f"http://127.0.0.1:{port}", path, reqs, c,
+                                           args.duration, args.client))
+                    rec = {"endpoint": path, "overlap": overlap, "concurrency": c, **res,
+                           "offline_requests_per_s": offline[path],
+                           "ratio": res["requests_per_s"] / offline[path]}
+                    records.append(rec)
+                    print(f"{path} overlap={overlap} c={c}: {res['requests_per_s']:.1f} req/s, "
+                          f"p50 {res['p50_ms']:.1f} ms, p99 {res['p99_ms']:.1f} ms", flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    rows = [[r["endpoint"], r["overlap"], str(r["concurrency"]), f"{r['requests_per_s']:.1f}",
              f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['offline_requests_per_s']:.1f}",
              f"{r['ratio']:.2f}", str(r["errors"])] for r in records]
     print()
-    print(format_table(["endpoint", "clients", "req/s", "p50 ms", "p99 ms", "offline req/s",
-                        "server/offline", "errors"], rows))
+    print(format_table(["endpoint", "overlap", "clients", "req/s", "p50 ms", "p99 ms",
+                        "offline req/s", "server/offline", "errors"], rows))
     if args.json:
         write_json(args.json, {"machine": machine_note(), "settings": vars(args),
                                "results": records})

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from genrec.model import attention, build_layout
-from genrec.model.attention import _attend_math, attend, prefix_branch_attention
+from genrec.model.attend import attend, attend_math
+from genrec.model.attention import prefix_branch_attention
+from genrec.model.beam_step import BeamStepLayout, advance_ancestry
 from genrec.model.kv_cache import KVCache
 
 pytestmark = pytest.mark.numerics
@@ -82,32 +84,38 @@ def test_matches_dense_mask(
             assert (x.grad - leaf.grad).abs().max().item() < 1e-5
 
 
-def test_incremental_decode_and_reorder_match_one_shot(attention_path: str) -> None:
+def test_beam_steps_read_tails_through_the_ancestry(attention_path: str) -> None:
+    # 2 requests x 3 beams, 3 steps: beam b's level-j key sits in row ancestry[b, j], slot j;
+    # each step must equal a dense softmax over its prefix and the keys its ancestry names.
     torch.manual_seed(1)
-    p, nb, steps = 6, 3, 3
-    q_all = torch.randn(p + nb * steps, H, D)
-    k_all, v_all = torch.randn(p + nb * steps, HKV, D), torch.randn(p + nb * steps, HKV, D)
-    one = build_layout([p], [0] * nb, [steps] * nb)
-    ref = prefix_branch_attention(q_all, *KVCache(
-        1, 1, p, nb, steps, HKV, D, torch.float32, "cpu").write(0, k_all, v_all, one), one,
-        D**-0.5)
-    # Same tokens fed incrementally: the prefix, then one token per branch per step, with the
-    # branch order reversed in the cache and restored by reorder_branches before each step.
-    cache = KVCache(1, 1, p, nb, steps, HKV, D, torch.float32, "cpu")
-    lay = build_layout([p], [0] * nb, [0] * nb, branch_cap=steps)
-    out = prefix_branch_attention(q_all[:p], *cache.write(0, k_all[:p], v_all[:p], lay), lay,
-                                  D**-0.5)
-    assert (out - ref[:p]).abs().max() < 1e-5
-    flip = torch.arange(nb - 1, -1, -1)
+    n_req, width, steps, cap = 2, 3, 3, 7
+    lens = torch.tensor([5, 7])
+    nb = n_req * width
+    pk, pv = torch.randn(n_req, cap, HKV, D), torch.randn(n_req, cap, HKV, D)
+    cache = KVCache(1, n_req, cap, nb, steps, HKV, D, torch.float32, "cpu")
+    cache.prefix_k[0].copy_(pk)
+    cache.prefix_v[0].copy_(pv)
+    g = torch.Generator().manual_seed(4)
+    ancestry = torch.arange(nb)[:, None].repeat(1, steps)
     for s in range(steps):
-        rows = torch.tensor([p + b * steps + s for b in range(nb)])
-        lay = build_layout([0], [0] * nb, [1] * nb, prefix_cached=[p], branch_cached=[s] * nb,
-                           branch_cap=steps)
-        out = prefix_branch_attention(q_all[rows], *cache.write(0, k_all[rows], v_all[rows], lay),
-                                      lay, D**-0.5)
-        assert (out - ref[rows]).abs().max() < 1e-5
-        cache.reorder_branches(flip)
-        cache.reorder_branches(flip)
+        if s:  # beams take parents inside their request
+            parent = torch.randint(0, width, (nb,), generator=g) + torch.arange(nb) // width * width
+            ancestry = advance_ancestry(ancestry, parent, s)
+        q, k, v = torch.randn(nb, H, D), torch.randn(nb, HKV, D), torch.randn(nb, HKV, D)
+        lay = BeamStepLayout(lens, ancestry, width, s + 1, steps)
+        assert lay.positions().tolist() == [int(lens[b // width]) + s for b in range(nb)]
+        out = prefix_branch_attention(q, *cache.write(0, k, v, lay), lay, D**-0.5)
+        for b in range(nb):
+            r, n = b // width, int(lens[b // width])
+            own = [ancestry[b, j] for j in range(s + 1)]
+            keys = torch.cat([pk[r, :n], torch.stack([cache.branch_k[0][a, j]
+                                                      for j, a in enumerate(own)])])
+            vals = torch.cat([pv[r, :n], torch.stack([cache.branch_v[0][a, j]
+                                                      for j, a in enumerate(own)])])
+            ref = _dense_reference(torch.cat([q[b : b + 1], torch.zeros(len(keys) - 1, H, D)]),
+                                   keys, vals, torch.ones(len(keys), len(keys), dtype=torch.bool))
+            assert (out[b] - ref[0]).abs().max() < 1e-5
+        assert torch.equal(cache.branch_k[0][:, s], k)  # written in place, own row
 
 
 def test_chunked_prefix_mask(attention_path: str) -> None:
@@ -132,7 +140,7 @@ def test_cpu_kernel_matches_math_path(causal: bool) -> None:
     mask = torch.zeros(2, 1, 1, 9)
     mask[1, ..., 6:] = float("-inf")
     o1, l1 = attend(q, k, v, mask, causal, 0.3)
-    o2, l2 = _attend_math(q, k, v, mask, causal, 0.3, chunk=4)
+    o2, l2 = attend_math(q, k, v, mask, causal, 0.3, chunk=4)
     assert (o1 - o2).abs().max() < 1e-5 and (l1 - l2).abs().max() < 1e-5
 
 

@@ -6,6 +6,7 @@ import torch
 
 from genrec.model import build_layout
 from genrec.model.attention import prefix_branch_attention
+from genrec.model.beam_step import BeamStepLayout
 from genrec.model.kv_cache import KVCache
 
 H, HKV, D = 4, 2, 8
@@ -32,11 +33,14 @@ def test_transient_cache_keeps_rows_and_serves_later_chunks() -> None:
     assert part.branch_k[0].shape == (1, n, HKV, D)
 
 
-def test_persistent_cache_starts_zeroed_and_reorders() -> None:
+def test_persistent_cache_starts_zeroed_and_a_beam_step_writes_its_slot_in_place() -> None:
     cache = KVCache(2, 1, 4, 3, 2, HKV, D, torch.float32, "cpu")
     assert all(not t.any() for t in cache.branch_k + cache.prefix_v)
-    lay = build_layout([0], [0, 0, 0], [1, 1, 1], prefix_cached=[4], prefix_cap=4, branch_cap=2)
+    storage = cache.branch_k[1].data_ptr()
+    ancestry = torch.arange(3)[:, None].repeat(1, 2)
     k = torch.arange(3.0)[:, None, None].expand(3, HKV, D)
-    cache.write(1, k, k, lay)
-    cache.reorder_branches(torch.tensor([2, 0, 1]))
-    assert cache.branch_k[1][:, 0, 0, 0].tolist() == [2.0, 0.0, 1.0]
+    cache.write(1, k, k + 1, BeamStepLayout(torch.tensor([4]), ancestry, 3, 2, 2))
+    assert cache.branch_k[1][:, 1, 0, 0].tolist() == [0.0, 1.0, 2.0]
+    assert cache.branch_v[1][:, 1, 0, 0].tolist() == [1.0, 2.0, 3.0]
+    assert not cache.branch_k[1][:, 0].any() and not cache.branch_k[0].any()
+    assert cache.branch_k[1].data_ptr() == storage

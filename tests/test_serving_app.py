@@ -159,3 +159,26 @@ def test_catalog_hooks(full: tuple[str, Updater], bare: str) -> None:
     assert r.status_code == 422 and r.json()["detail"].startswith("items")
     r = httpx.put(bare + "/v1/catalog/items", json={"items": [{"item_id": 4}]})
     assert r.status_code == 400 and r.json()["detail"].startswith("items[0]: no ranker catalog")
+
+
+def test_overlap_scheduling_answers_like_the_offline_engine(engine: Engine) -> None:
+    # --overlap on the CPU: batch k+1 packed while batch k runs; answers unchanged, a bad
+    # request still fails alone
+    from genrec.serving import BackgroundServer, ServeConfig, create_app
+
+    app = create_app(engine, catalog_updater=Updater(),
+                     config=ServeConfig(max_wait_ms=10, overlap=True))
+    assert app.state.scheduler.stages is not None
+    with BackgroundServer(app) as server:
+        url = server.url
+        bodies = RECOMMEND * 3 + [{"history": [999]}]
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            answers = list(pool.map(lambda b: post(url, "/v1/recommend", b), bodies))
+        for body, r in zip(bodies[:-1], answers, strict=False):
+            assert r.status_code == 200, r.text
+            assert r.json()["items"] == offline(engine, body)[0]
+        assert answers[-1].status_code == 422 and "history" in answers[-1].json()["detail"]
+        query, items, labels = [0, 3, 4, 5], [[6, 7], [8]], [3, 4]
+        r = post(url, "/v1/score", {"query": query, "items": items, "label_token_ids": labels})
+        want = engine.score(query, items, ScoreParams(mode="labels", label_token_ids=labels))
+        assert torch.allclose(torch.tensor(r.json()["scores"]), want.exp(), atol=1e-5)

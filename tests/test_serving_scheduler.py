@@ -18,6 +18,7 @@ from genrec.serving.scheduler import (
     DeadlineExceededError,
     DrainingError,
     QueueFullError,
+    Stages,
 )
 from genrec.serving.worker import Worker
 
@@ -197,3 +198,91 @@ def test_batched_results_equal_the_engine_called_directly(engine: Engine) -> Non
         want = engine.score_requests(req, params)
         assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got.value, want, strict=True))
     sched.close(5)
+
+
+class TwoSteps:
+    """Stages that record what ran where: ``prepare`` tags payloads, ``finish`` of the first
+    batch waits until the second batch has been prepared (so without overlap it would time
+    out), "bad" fails in prepare, "late" fails in finish, "update" is a barrier."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, object]] = []
+        self.second_prepared = threading.Event()
+        self.lock = threading.Lock()
+
+    def prepare(self, group, payloads):  # noqa: ANN001, ANN201
+        with self.lock:
+            self.events.append(("prepare", tuple(payloads)))
+        if "bad" in payloads:
+            raise ValueError("payload: bad")
+        if any(str(p).startswith("second") for p in payloads):
+            self.second_prepared.set()
+        return (group, tuple(payloads))
+
+    def finish(self, prepared):  # noqa: ANN001, ANN201
+        group, payloads = prepared
+        if any(str(p).startswith("first") for p in payloads):
+            assert self.second_prepared.wait(10), "batch 2 was not prepared during batch 1"
+        with self.lock:
+            self.events.append(("finish", payloads))
+        if "late" in payloads:
+            raise ValueError("payload: late")
+        return [(group, p, "done") for p in payloads]
+
+    def stages(self) -> Stages:
+        return Stages(self.prepare, self.finish,
+                      barrier=lambda prepared: "update" in prepared[1])
+
+    def runner(self, group, payloads):  # noqa: ANN001, ANN201
+        return self.finish(self.prepare(group, payloads))
+
+
+def test_overlap_prepares_the_next_batch_while_one_runs() -> None:
+    steps = TwoSteps()
+    sched = BatchScheduler(steps.runner, max_batch_size=4, max_wait_ms=1,
+                           stages=steps.stages())
+
+    async def go():  # noqa: ANN202
+        first = asyncio.ensure_future(sched.submit("a", "first"))
+        await asyncio.sleep(0.05)  # batch 1 is running
+        second = await _gather(sched, [("b", "second-1"), ("b", "second-2")])
+        return await first, second
+
+    first, second = _run(go())
+    assert first == ("a", "first", "done")
+    assert second == [("b", "second-1", "done"), ("b", "second-2", "done")]
+    order = [kind for kind, _ in steps.events]
+    assert order == ["prepare", "prepare", "finish", "finish"]
+    assert sched.close(5) and sched.idle()
+
+
+def test_overlap_isolates_bad_requests_in_either_step() -> None:
+    steps = TwoSteps()
+    sched = BatchScheduler(steps.runner, max_batch_size=8, max_wait_ms=200,
+                           stages=steps.stages())
+    out = _run(_gather(sched, [("g", "x"), ("g", "bad"), ("g", "y"), ("g", "late")]))
+    assert out[0] == ("g", "x", "done") and out[2] == ("g", "y", "done")
+    assert isinstance(out[1], ValueError) and "bad" in str(out[1])
+    assert isinstance(out[3], ValueError) and "late" in str(out[3])
+    sched.close(5)
+
+
+def test_overlap_finishes_a_barrier_before_preparing_the_next_batch() -> None:
+    steps = TwoSteps()
+    sched = BatchScheduler(steps.runner, max_batch_size=1, max_wait_ms=0,
+                           stages=steps.stages())
+    out = _run(_gather(sched, [("u", "update"), ("r", "read")]))
+    assert out == [("u", "update", "done"), ("r", "read", "done")]
+    assert steps.events == [("prepare", ("update",)), ("finish", ("update",)),
+                            ("prepare", ("read",)), ("finish", ("read",))]
+    sched.close(5)
+
+
+def test_overlap_worker_steps_equal_its_run(engine: Engine) -> None:
+    worker = Worker(engine)
+    reqs = [RecommendRequest([1, 2, 3]), RecommendRequest([4], exclude=[0])]
+    msg = RecommendBatch(beam_width=4, n=3)
+    prepared = worker.prepare(msg, reqs)
+    assert prepared.version == worker.catalog_version
+    assert worker.finish(prepared) == worker.run(msg, reqs)
+    assert not worker.barrier(prepared)

@@ -21,7 +21,9 @@ from genrec.catalog.trie import SemanticTrie
 
 # per level: edges closed for every request (all items dead), edges closed per request [R, S]
 # (dead or excluded), edges open per request [R, S] (some allowed item); None: no list
-_Lists = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
+LevelLists = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
+# pads a sorted edge list: above every edge id
+PAD_EDGE = 2**62
 
 
 def count_in(sorted_ranks: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
@@ -134,7 +136,7 @@ class PartFilter:
     allowed: torch.Tensor | None = None
     restricted: torch.Tensor | None = None
     closed: tuple[torch.Tensor, ...] | None = None
-    _lists: dict[int, _Lists] = field(default_factory=dict, init=False, repr=False,
+    _lists: dict[int, LevelLists] = field(default_factory=dict, init=False, repr=False,
                                       compare=False)
     _above: dict[str, tuple[torch.Tensor, list[torch.Tensor]]] = field(
         default_factory=dict, init=False, repr=False, compare=False)
@@ -160,7 +162,7 @@ class PartFilter:
             self._above[which] = (req, ancestors(trie, ranks))
         return self._above[which]
 
-    def _level(self, trie: SemanticTrie, level: int) -> _Lists:
+    def _level(self, trie: SemanticTrie, level: int) -> LevelLists:
         if level in self._lists:
             return self._lists[level]
         edges_here = num_edges(trie, level)
@@ -184,18 +186,57 @@ class PartFilter:
         self._lists[level] = (gone, blocked, opened)
         return self._lists[level]
 
+    def level_lists(self, trie: SemanticTrie, level: int) -> LevelLists:
+        """The sorted edge lists of ``level`` (built by :meth:`prepare`): closed for every
+        request [S], closed per request [R, S], open per request [R, S]; ``None``: none."""
+        if self.trivial:
+            return (None, None, None)
+        return self._level(trie, level)
+
     def live(self, trie: SemanticTrie, level: int, edges: torch.Tensor) -> torch.Tensor:
         """Whether some returnable item lies under each edge: ``edges`` int64 [R, ...] (level
         ``level`` edge ids, -1: none) -> bool, same shape."""
-        ok = edges >= 0
         if self.trivial:
-            return ok
-        gone, blocked, opened = self._level(trie, level)
-        if gone is not None:
-            ok &= ~_in_sorted(gone, edges)
-        if blocked is not None:
-            ok &= ~_in_rows(blocked, edges)
-        if opened is not None:
-            restricted = self.restricted.view(-1, *([1] * (edges.dim() - 1)))
-            ok = torch.where(restricted, (edges >= 0) & _in_rows(opened, edges), ok)
-        return ok
+            return edges >= 0
+        return live_edges(self._level(trie, level), self.restricted, edges)
+
+
+def live_edges(lists: LevelLists, restricted: torch.Tensor | None, edges: torch.Tensor
+               ) -> torch.Tensor:
+    """Whether some returnable item lies under each edge [R, ...] (-1: none), given a level's
+    lists (:meth:`PartFilter.level_lists`; lists may be padded with :data:`PAD_EDGE`) and
+    ``restricted`` [R] (the requests with an allow list; needed when there is an open list)."""
+    gone, blocked, opened = lists
+    ok = edges >= 0
+    if gone is not None:
+        ok &= ~_in_sorted(gone, edges)
+    if blocked is not None:
+        ok &= ~_in_rows(blocked, edges)
+    if opened is not None:
+        restricted = restricted.view(-1, *([1] * (edges.dim() - 1)))
+        ok = torch.where(restricted, (edges >= 0) & _in_rows(opened, edges), ok)
+    return ok
+
+
+def padded_lists(lists: LevelLists, num_requests: int, capacity: int | None = None
+                 ) -> LevelLists:
+    """``lists`` with ``num_requests`` rows (new rows empty) and each list padded with
+    :data:`PAD_EDGE` to ``capacity`` entries (default: the next power of two), so that lists of
+    searches of one shape have one shape (a captured step's static buffers)."""
+    out = []
+    for k, t in enumerate(lists):
+        if t is None:
+            out.append(None)
+            continue
+        cap = capacity or 1 << max(int(t.shape[-1]) - 1, 0).bit_length()
+        if k == 0:
+            shape = (max(cap, t.shape[0]),)
+        else:
+            shape = (num_requests, max(cap, t.shape[-1]))
+        full = torch.full(shape, PAD_EDGE, dtype=torch.int64, device=t.device)
+        if k == 0:
+            full[: t.shape[0]] = t
+        else:
+            full[: t.shape[0], : t.shape[1]] = t
+        out.append(full)
+    return out[0], out[1], out[2]

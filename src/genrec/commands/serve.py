@@ -42,6 +42,9 @@ def serve(
         "--engine-process", help="Run the engine in its own process (the HTTP handling then "
                                  "does not take turns with it; the model is loaded twice).")
     ] = False,
+    overlap: Annotated[bool | None, typer.Option(
+        "--overlap/--no-overlap", help="Pack the next batch while the engine runs this one "
+                                       "(default: on a GPU only).")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
     ray: Annotated[bool, typer.Option("--ray", help="Serve as a Ray Serve deployment (needs "
                                                     "the 'ray' extras); each replica loads "
@@ -101,8 +104,8 @@ def serve(
         typer.echo(warning, err=True)
     config = ServeConfig(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
                          max_queue=max_queue, model_name=model.name,
-                         engine_process=engine_process, api_key=api_key, admin_key=admin_key,
-                         catalog_state=state_dir)
+                         engine_process=engine_process, overlap=overlap, api_key=api_key,
+                         admin_key=admin_key, catalog_state=state_dir)
     spec = AppSpec.of(model, ranker, catalog, tokenizer, device=device, dtype=dtype,
                       threads=threads, config=config)
     if ray:

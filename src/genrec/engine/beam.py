@@ -1,9 +1,13 @@
 """Constrained beam search over Semantic IDs, on the shared-prefix + branches mechanism.
 
-Each request's prefix is computed once into the KV cache; every beam is a branch carrying
-only its own few tokens. Each level is one batched forward of R*B single tokens, one gather
-of allowed codes from the trie tensors and one top-k over beams x codes per request: no Python
-loop over beams or requests, and nothing read back to the host until the end.
+Each request's prefix is computed once into the KV cache (the *prompt forward*); every beam is
+a branch carrying only its own few tokens, in fixed tail slots read through an ancestry table
+(:mod:`genrec.model.beam_step`): no KV copy when beams take new parents. Each level is one
+batched forward of R*B single tokens, one gather of allowed codes from the trie tensors and
+one top-k over beams x codes per request: no Python loop over beams or requests, positions
+computed on the device, and nothing read back to the host between the prompt forward and the
+result. The levels run in a :class:`~genrec.engine.beam_runner.BeamRunner` over static
+buffers (replayed as a CUDA graph on a GPU).
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from genrec.catalog.filters import PartFilter
+from genrec.catalog.filters import LevelLists, PartFilter, live_edges
 from genrec.catalog.trie import SemanticTrie
+from genrec.model.beam_step import BeamStepLayout, advance_ancestry
 from genrec.model.decoder import DecoderLM
-from genrec.model.layout import AttentionLayout, Readout, prefix_last_layout, shared_layout
+from genrec.model.kv_cache import KVCache
+from genrec.model.layout import Readout, prefix_last_layout, shared_layout
 
 _NEG_INF = float("-inf")
 
@@ -30,6 +36,18 @@ class BeamResult:
     scores: torch.Tensor
 
 
+@dataclass
+class SearchInputs:
+    """What the levels of a search read (on the model's device): each request's prompt-final
+    hidden state ``hidden`` [R, H], ``prefix_len`` [R] (0: a padding request), per part the
+    filter lists of every level and ``restricted`` [R] (requests with an allow list)."""
+
+    hidden: torch.Tensor
+    prefix_len: torch.Tensor
+    lists: list[list[LevelLists]]
+    restricted: list[torch.Tensor | None]
+
+
 def level_logprobs(
     model: DecoderLM, hidden: torch.Tensor, offset: int, size: int
 ) -> torch.Tensor:
@@ -39,68 +57,50 @@ def level_logprobs(
     return model.label_logits(hidden, ids) - model.log_normalizer(hidden)[:, None]
 
 
-def search_layouts(
-    prefix_lens: list[int], prefix_cap: int, beam_width: int, levels: int,
-    device: torch.device,
-) -> tuple[AttentionLayout, list[AttentionLayout]]:
-    """The layouts a search needs besides its prompts', on ``device``: the read-out of each
-    prompt's last row, and the decode steps (level 1 .. levels-1: one new token per beam).
-    Built through :func:`shared_layout`, so a recurring request shape reuses them."""
-    n_beams = len(prefix_lens) * beam_width
-    branch_req = [r for r in range(len(prefix_lens)) for _ in range(beam_width)]
-    steps = [
-        shared_layout(
-            [0] * len(prefix_lens), branch_req, [1] * n_beams, prefix_cached=prefix_lens,
-            branch_cached=[level - 1] * n_beams, branch_cap=levels - 1,
-        ).to(device)
-        for level in range(1, levels)
-    ]
-    return prefix_last_layout(prefix_lens, prefix_cap).to(device), steps
+def prompt_forward(
+    model: DecoderLM, embeds: torch.Tensor, prefix_lens: list[int], prefix_last: torch.Tensor,
+    cache: KVCache,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prompts' forward into ``cache`` (its first ``len(prefix_lens)`` requests; its
+    prefix capacity may exceed the longest prompt): embeds [T, H] packed prompt after prompt,
+    ``prefix_last`` [R] each prompt's last row -> the final hidden state of each [R, H] and
+    the prefix lengths [R] on the device. The last layer runs its attention output and MLP
+    for those rows only."""
+    cap = cache.prefix_capacity
+    layout = shared_layout(prefix_lens, [], [], prefix_cap=cap).to(embeds.device)
+    readout = Readout(prefix_last, prefix_last_layout(prefix_lens, cap).to(embeds.device))
+    view = cache.requests(0, len(prefix_lens))
+    return model(embeds, layout.positions, layout, view, readout=readout), layout.prefix_len
 
 
-@torch.inference_mode()
-def constrained_beam_search(
-    model: DecoderLM,
-    parts: list[SemanticTrie],
-    filters: list[PartFilter],
-    level_offsets: list[int],
-    embeds: torch.Tensor,
-    prefix_layout: AttentionLayout,
-    prefix_last: torch.Tensor,
-    beam_width: int,
+def search_levels(
+    model: DecoderLM, parts: list[SemanticTrie], level_offsets: list[int], width: int,
+    inputs: SearchInputs, cache: KVCache, ancestry: torch.Tensor,
 ) -> BeamResult:
-    """Beam search of width ``beam_width`` over the catalog's tries for a batch of prefixes.
+    """Every level of a search after the prompt forward, over ``cache`` (prompts written;
+    tail part [R * width, levels - 1]) and the identity ``ancestry`` [R * width, levels - 1].
 
     ``parts``: the tries searched together (a catalog's base and delta; a prefix present in
-    both is one beam holding a node of each), ``filters`` what each may return
-    (:class:`~genrec.catalog.filters.PartFilter`). ``embeds`` [T, H] and ``prefix_layout``
-    (prefixes only, on the model's device) describe the prompts; ``prefix_last`` [R] is each
-    prompt's last packed row. Scores are summed full-vocabulary log-probabilities and a code is
-    allowed only where some returnable item lies below it, so with ``beam_width`` >= the
-    number of allowed items the result is the exact top of all items.
-    """
-    device = embeds.device
+    both is one beam holding a node of each). Scores are summed full-vocabulary
+    log-probabilities and a code is allowed only where some returnable item lies below it, so
+    with ``width`` >= the number of allowed items the result is the exact top of all items.
+    Static shapes and no host sync: the body of a captured graph."""
     sizes = parts[0].codebook_sizes
-    n_req, width, levels = prefix_layout.num_requests, beam_width, len(sizes)
-    readout_layout, layouts = search_layouts(
-        prefix_layout.prefix_len.tolist(), prefix_layout.prefix_cap, width, levels, device
-    )
-    cache = model.new_cache(prefix_layout, num_branches=n_req * width, branch_cap=levels - 1)
-    # The last layer runs its attention output and MLP for each prompt's last row only.
-    readout = Readout(rows=prefix_last, layout=readout_layout)
-    hidden = model(embeds, prefix_layout.positions, prefix_layout, cache, readout=readout)
+    n_req, levels = inputs.hidden.shape[0], len(sizes)
+    device = inputs.hidden.device
     rows = torch.arange(n_req, device=device)[:, None] * width  # [R, 1] first beam of each
-
     # Level 0: every request starts from the root (node 0 of every part) with one live beam.
-    logp = level_logprobs(model, hidden, level_offsets[0], sizes[0])
+    logp = level_logprobs(model, inputs.hidden, level_offsets[0], sizes[0])
     nodes = [torch.zeros(n_req, 1, dtype=torch.long, device=device) for _ in parts]
     scores = torch.zeros(n_req, 1, device=device)
     for level in range(levels):
         size, beams = sizes[level], scores.shape[1]
         # per part: the edge of each (beam, code), -1 where it leads to no returnable item
-        edges = [torch.where(flt.live(part, level, e), e, -1) for part, flt, e in
-                 ((p, f, p.expand(level, n)) for p, f, n in zip(parts, filters, nodes,
-                                                                strict=True))]
+        edges = []
+        for p, part in enumerate(parts):
+            e = part.expand(level, nodes[p])
+            edges.append(torch.where(live_edges(inputs.lists[p][level], inputs.restricted[p],
+                                                e), e, -1))
         ok = edges[0] >= 0
         for e in edges[1:]:
             ok = ok | (e >= 0)
@@ -119,13 +119,24 @@ def constrained_beam_search(
             nodes = [F.pad(n, (0, pad), value=-1) for n in nodes]
             scores = F.pad(scores, (0, pad), value=_NEG_INF)
             parent, code = F.pad(parent, (0, pad)), F.pad(code, (0, pad))
-        if level > 0:
-            cache.reorder_branches((rows + parent).reshape(-1))
+        if level > 0:  # beams take their parents' tails (the level-0 beams share the root)
+            ancestry = advance_ancestry(ancestry, (rows + parent).reshape(-1), level)
         tokens = (code + level_offsets[level]).reshape(-1)
-        layout = layouts[level]
-        hidden = model(model.model.embed_tokens(tokens), layout.positions, layout, cache)
+        step = BeamStepLayout(inputs.prefix_len, ancestry, width, level + 1, levels - 1)
+        hidden = model(model.model.embed_tokens(tokens), step.positions(), step, cache)
         logp = level_logprobs(model, hidden, level_offsets[level + 1], sizes[level + 1])
     items = parts[0].leaf_items(nodes[0])
     for part, n in zip(parts[1:], nodes[1:], strict=True):
         items = torch.where(n >= 0, part.leaf_items(n), items)
+    if items.shape[1] < width:  # one level with fewer codes than beams
+        items = F.pad(items, (0, width - items.shape[1]), value=-1)
+        scores = F.pad(scores, (0, width - scores.shape[1]), value=_NEG_INF)
     return BeamResult(items=items, scores=scores)
+
+
+def filter_inputs(parts: list[SemanticTrie], filters: list[PartFilter]
+                  ) -> tuple[list[list[LevelLists]], list[torch.Tensor | None]]:
+    """Per part, the filter lists of every level and the ``restricted`` flags."""
+    lists = [[f.level_lists(p, level) for level in range(p.num_levels)]
+             for p, f in zip(parts, filters, strict=True)]
+    return lists, [f.restricted for f in filters]

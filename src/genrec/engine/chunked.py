@@ -5,6 +5,10 @@ one forward with every request's prefix, which fills the KV cache; later chunks 
 cached prefixes (positions continue from each prefix's end exactly as in one forward). Small
 chunks keep activations in the CPU caches and bound memory for any number of candidates; the
 prefix is still computed once per request.
+
+Index planning (layouts, packed rows) works on host tensors, marked ``host_side`` for the
+no-host-sync test mode (:mod:`genrec.utils.sync_trap`); the rest runs on the model's device
+and reads none of its data.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import torch
 
 from genrec.engine.batch import PackedBatch
 from genrec.model.decoder import DecoderLM
-from genrec.model.layout import Readout, branch_last_readout, build_layout
+from genrec.model.layout import AttentionLayout, Readout, branch_last_readout, build_layout
+from genrec.utils.sync_trap import host_side
 
 
 def branch_chunks(lengths: list[int], chunk_tokens: int) -> list[tuple[int, int]]:
@@ -52,6 +57,38 @@ def _branch_rows(batch: PackedBatch, lo: int, hi: int) -> torch.Tensor:
     return first + offset
 
 
+def _chunk_plan(
+    batch: PackedBatch, lo: int, hi: int, first: bool, last_only: bool, device: torch.device,
+) -> tuple[AttentionLayout, torch.Tensor, Readout | None, int, int]:
+    # built on the host, moved to ``device``: the layout, packed rows and read-out (last_only)
+    # of branches lo..hi-1, and the requests r0..r1-1 their layout and cache cover
+    full = batch.layout
+    chunk_lens = torch.tensor(batch.branch_lens[lo:hi])
+    branch_rows = _branch_rows(batch, lo, hi)
+    if first:
+        # First chunk (its branches are those of the first requests): with every prefix.
+        r0, r1 = 0, len(batch.prefix_lens)
+        layout = build_layout(batch.prefix_lens, full.branch_request[lo:hi], chunk_lens)
+        rows = torch.empty(layout.num_tokens, dtype=torch.long)
+        rows[layout.prefix_tokens] = full.prefix_tokens
+        rows[layout.branch_tokens] = branch_rows
+        local = layout.branch_tokens
+    else:
+        # A chunk's branches belong to a contiguous range of requests: its layout and
+        # cache cover those requests only, so no attention runs for the others' rows.
+        r0, r1 = int(full.branch_request[lo]), int(full.branch_request[hi - 1]) + 1
+        layout = build_layout(
+            [0] * (r1 - r0), full.branch_request[lo:hi] - r0, chunk_lens,
+            prefix_cached=batch.prefix_lens[r0:r1], prefix_cap=full.prefix_cap,
+        )
+        rows, local = branch_rows, torch.arange(len(branch_rows))
+    readout = None
+    if last_only:
+        readout = _last_readout(batch, lo, hi, local[torch.cumsum(chunk_lens, 0) - 1],
+                                device, r0, r1, full.prefix_cap)
+    return layout.to(device), rows.to(device), readout, r0, r1
+
+
 def forward_chunked(
     model: DecoderLM, embeds: torch.Tensor, batch: PackedBatch, chunk_tokens: int,
     last_only: bool = False,
@@ -66,44 +103,27 @@ def forward_chunked(
     n_br = full.num_branches
     hidden = embeds.new_empty(embeds.shape)
     if full.num_tokens <= chunk_tokens or n_br == 0:
-        layout = full.to(device)
+        with host_side():
+            layout = full.to(device)
+            if last_only and n_br:
+                last = batch.branch_starts + torch.tensor(batch.branch_lens) - 1
+                readout = _last_readout(batch, 0, n_br, last, device)
         if not last_only or n_br == 0:
             return model(embeds, layout.positions, layout)
-        last = batch.branch_starts + torch.tensor(batch.branch_lens) - 1
-        readout = _last_readout(batch, 0, n_br, last, device)
         hidden[readout.rows] = model(embeds, layout.positions, layout, readout=readout)
         return hidden
 
-    lens = batch.branch_lens
-    cache, prefix_cap = None, full.prefix_cap
-    for lo, hi in branch_chunks(lens, chunk_tokens):
-        chunk_lens = torch.tensor(lens[lo:hi])
-        branch_rows = _branch_rows(batch, lo, hi)
+    cache = None
+    for lo, hi in branch_chunks(batch.branch_lens, chunk_tokens):
+        with host_side():
+            layout, rows, readout, r0, r1 = _chunk_plan(batch, lo, hi, cache is None,
+                                                        last_only, device)
         if cache is None:
-            # First chunk (its branches are those of the first requests): with every prefix.
-            r0, r1 = 0, len(batch.prefix_lens)
-            layout = build_layout(batch.prefix_lens, full.branch_request[lo:hi], chunk_lens)
-            rows = torch.empty(layout.num_tokens, dtype=torch.long)
-            rows[layout.prefix_tokens] = full.prefix_tokens
-            rows[layout.branch_tokens] = branch_rows
-            cache = model.new_cache(layout, transient=True)
-            chunk_cache = cache
-            local = layout.branch_tokens
+            cache = chunk_cache = model.new_cache(layout, transient=True)
         else:
-            # A chunk's branches belong to a contiguous range of requests: its layout and
-            # cache cover those requests only, so no attention runs for the others' rows.
-            r0, r1 = int(full.branch_request[lo]), int(full.branch_request[hi - 1]) + 1
-            layout = build_layout(
-                [0] * (r1 - r0), full.branch_request[lo:hi] - r0, chunk_lens,
-                prefix_cached=batch.prefix_lens[r0:r1], prefix_cap=prefix_cap,
-            )
             chunk_cache = cache.requests(r0, r1)
-            chunk_cache.reset_branches(hi - lo, int(chunk_lens.max()))
-            rows, local = branch_rows, torch.arange(len(branch_rows))
-        layout, rows = layout.to(device), rows.to(device)
-        if last_only:
-            readout = _last_readout(batch, lo, hi, local[torch.cumsum(chunk_lens, 0) - 1],
-                                    device, r0, r1, prefix_cap)
+            chunk_cache.reset_branches(hi - lo, max(batch.branch_lens[lo:hi]))
+        if readout is not None:
             hidden[rows[readout.rows]] = model(embeds[rows], layout.positions, layout,
                                                chunk_cache, readout=readout)
         else:

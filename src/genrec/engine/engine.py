@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from genrec.catalog.item_table import ItemTable
 from genrec.engine.batch import PackedBatch, RequestLimits, item_rows, pack_requests
+from genrec.engine.beam_runner import RunnerPool, runner_config
 from genrec.engine.catalog_state import CatalogState
 from genrec.engine.chunked import forward_chunked
 from genrec.engine.inputs import InputError, Part, build_input_embeds
@@ -20,7 +22,7 @@ from genrec.engine.params import (
     ScoreParams,
     ScoreRequest,
 )
-from genrec.engine.retrieval import recommend_batch
+from genrec.engine.retrieval import PreparedSearch, prepare_search, run_search
 from genrec.engine.scoring import read_scores
 from genrec.generative.vocab import SOFT_ID, SidVocab
 from genrec.kernels import cascade_attention_op
@@ -33,7 +35,8 @@ class Engine:
     """Serves a decoder LM for recommendation: multi-item scoring on a shared prefix
     (:meth:`score`) and generative retrieval by constrained beam search (:meth:`recommend`).
 
-    The engine holds no per-request state: a rejected request leaves it as it was.
+    The engine holds no per-request state: a rejected request leaves it as it was. Its beam
+    searches reuse static buffers (:attr:`searches`), one search at a time.
     """
 
     def __init__(
@@ -47,6 +50,7 @@ class Engine:
             cascade_attention_op()  # built (once per machine) now, not in the first request
         self.item_table: ItemTable | None = None
         self.catalog: CatalogState | None = None  # the generative catalog, swapped whole
+        self.searches = RunnerPool(self.model, runner_config(self.config, self.model.device))
         if item_table is not None:
             self.set_item_table(item_table)
         if vocab is not None:
@@ -101,6 +105,15 @@ class Engine:
         filters; fewer than n come back only when fewer items are allowed. ``catalog``: the
         catalog state to search (default: the installed one, read once at the start).
         """
+        return self.run_recommend(self.prepare_recommend(requests, params, catalog))
+
+    def prepare_recommend(
+        self, requests: Sequence[RecommendRequest], params: BeamParams | None = None,
+        catalog: CatalogState | None = None,
+    ) -> PreparedSearch:
+        """The host part of :meth:`recommend`: checks (``InputError`` naming the field),
+        prompts, packing, filters, against ``catalog`` (default: the installed one, read
+        now). :meth:`run_recommend` runs it; a server packs the next batch meanwhile."""
         catalog = catalog if catalog is not None else self.catalog
         if catalog is None:
             raise ValueError("this engine has no Semantic-ID vocabulary (not a generative model)")
@@ -108,7 +121,11 @@ class Engine:
         params.validate()
         if not requests:
             raise InputError("requests: empty request list")
-        return recommend_batch(self, requests, params, catalog)
+        return prepare_search(self, requests, params, catalog)
+
+    def run_recommend(self, prepared: PreparedSearch) -> list[Recommendation]:
+        """The search of a :meth:`prepare_recommend` batch (one at a time per engine)."""
+        return run_search(self, prepared)
 
     def pack(
         self, prefixes: Sequence[Part], branches: Sequence[Sequence[Part]],
@@ -176,7 +193,6 @@ class Engine:
         request = ScoreRequest(prefix=prefix, candidates=candidates, user_vector=user_vector)
         return self.score_requests([request], params)[0]
 
-    @torch.inference_mode()
     def score_requests(
         self, requests: Sequence[ScoreRequest], params: ScoreParams | None = None,
         item_table: ItemTable | None = None,
@@ -184,14 +200,36 @@ class Engine:
         """Score many users' requests, packed into as few forwards as ``max_batch_tokens``
         allows (a request is never split). Virtual item tokens read ``item_table`` (already
         prepared with :meth:`prepare_table`), by default the installed table, read once."""
+        return self.run_score(self.prepare_score(requests, params, item_table))
+
+    def prepare_score(
+        self, requests: Sequence[ScoreRequest], params: ScoreParams | None = None,
+        item_table: ItemTable | None = None,
+    ) -> PreparedScore:
+        """The host part of :meth:`score_requests`: checks (``InputError`` naming the part)
+        and packing; :meth:`run_score` runs it."""
         params = params or ScoreParams()
         params.validate(self.model.config.vocab_size, self.model.score_head is not None)
         if not requests:
             raise InputError("requests: empty request list")
         table = item_table or self.item_table
+        batches = [self.pack([r.prefix for r in group], [r.candidates for r in group],
+                             [r.user_vector for r in group], item_table=table)
+                   for group in self._groups(requests)]
+        return PreparedScore(params, table, batches)
+
+    @torch.inference_mode()
+    def run_score(self, prepared: PreparedScore) -> list[torch.Tensor]:
+        """The forwards of a :meth:`prepare_score` batch: one score tensor per request (CPU,
+        fp32)."""
+        model, params = self.model, prepared.params
         results: list[torch.Tensor] = []
-        for group in self._groups(requests):
-            results.extend(self._score_group(group, params, table))
+        for batch in prepared.batches:
+            hidden = forward_chunked(model, self.embed(batch, prepared.table), batch,
+                                     self.config.chunk_tokens,
+                                     last_only=params.mode != "loglik")
+            scores = read_scores(model, hidden, batch, params).cpu()
+            results.extend(torch.split(scores, batch.branch_counts))
         return results
 
     def _groups(self, requests: Sequence[ScoreRequest]) -> list[list[ScoreRequest]]:
@@ -206,13 +244,11 @@ class Engine:
             used += size
         return groups
 
-    def _score_group(
-        self, group: list[ScoreRequest], params: ScoreParams, table: ItemTable | None
-    ) -> list[torch.Tensor]:
-        batch = self.pack([r.prefix for r in group], [r.candidates for r in group],
-                          [r.user_vector for r in group], item_table=table)
-        model = self.model
-        hidden = forward_chunked(model, self.embed(batch, table), batch, self.config.chunk_tokens,
-                                 last_only=params.mode != "loglik")
-        scores = read_scores(model, hidden, batch, params).cpu()
-        return list(torch.split(scores, batch.branch_counts))
+
+@dataclass
+class PreparedScore:
+    """Scoring requests checked and packed on the host (:meth:`Engine.prepare_score`)."""
+
+    params: ScoreParams
+    table: ItemTable | None
+    batches: list[PackedBatch]

@@ -58,11 +58,20 @@ class EngineConfig:
     ``soft_token_id``: the placeholder replaced by the user's soft token. ``max_batch_tokens``:
     requests packed into one scoring batch. ``chunk_tokens``: branches run in chunks of this
     many tokens after their prefixes (activations stay in cache; memory stays bounded).
+
+    Beam search runs on static buffers per search shape (``genrec.engine.beam_runner``):
+    ``cuda_graphs`` captures each as a CUDA graph on a GPU (``False``: the same runners,
+    eager); ``search_request_buckets`` are the request counts a search is padded to (default:
+    powers of two up to 64 on CUDA, none on the CPU, where padding only costs);
+    ``max_search_runners`` runners are kept (least recently used dropped).
     """
 
     max_batch_tokens: int = 65536
     soft_token_id: int | None = None
     chunk_tokens: int = 4096
+    cuda_graphs: bool = True
+    search_request_buckets: tuple[int, ...] | None = None
+    max_search_runners: int = 8
 
 
 MAX_BEAM_WIDTH = 1024

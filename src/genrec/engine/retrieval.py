@@ -1,13 +1,19 @@
-"""Engine.recommend: prompts from histories, filters, one batched constrained beam search."""
+"""Engine.recommend: prompts from histories, filters, one batched constrained beam search.
+
+In two steps, so that a server can pack the next batch on the host while the device runs
+this one: :func:`prepare_search` (checks, prompts, packing, filters) and :func:`run_search`
+(the search and the one copy back)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from genrec.engine.beam import constrained_beam_search
+from genrec.catalog.filters import PartFilter
+from genrec.engine.batch import PackedBatch
 from genrec.engine.inputs import InputError
 from genrec.engine.params import BeamParams, Recommendation, RecommendRequest
 
@@ -16,15 +22,24 @@ if TYPE_CHECKING:
     from genrec.engine.engine import Engine
 
 
-def recommend_batch(
+@dataclass
+class PreparedSearch:
+    """A batch of recommend requests checked and packed on the host (:func:`prepare_search`),
+    with the catalog state it reads; :func:`run_search` runs it."""
+
+    catalog: CatalogState
+    params: BeamParams
+    batch: PackedBatch
+    filters: list[PartFilter]
+
+
+def prepare_search(
     engine: Engine, requests: Sequence[RecommendRequest], params: BeamParams,
     catalog: CatalogState | None = None,
-) -> list[Recommendation]:
-    """Validate requests, build their prompts, run one beam search, return top-n items.
-
-    ``catalog`` (default: the engine's, read here once) gives the vocabulary, the trie and the
-    retired items; retired items are removed by the same item mask as ``exclude`` filters.
-    """
+) -> PreparedSearch:
+    """Validate requests and build their prompts, packing and filters (host work; raises
+    ``InputError`` naming the field). ``catalog`` (default: the engine's, read here once)
+    gives the vocabulary, the trie and the retired items."""
     catalog = catalog if catalog is not None else engine.catalog
     model = engine.model
     for r, req in enumerate(requests):
@@ -50,12 +65,23 @@ def recommend_batch(
                         require_branches=False)
     filters = catalog.search_filters([q.allow for q in requests],
                                      [q.exclude for q in requests])
-    layout = batch.layout.to(model.device)
-    result = constrained_beam_search(
-        model, catalog.parts(), filters, catalog.level_offsets, engine.embed(batch), layout,
-        batch.prefix_last.to(model.device), params.beam_width,
+    return PreparedSearch(catalog, params, batch, filters)
+
+
+def run_search(engine: Engine, prepared: PreparedSearch) -> list[Recommendation]:
+    """One beam search for a prepared batch; the top-n items of each request."""
+    batch, catalog, params = prepared.batch, prepared.catalog, prepared.params
+    device = engine.model.device
+    result = engine.searches.search(
+        catalog.parts(), prepared.filters, catalog.level_offsets, engine.embed(batch),
+        batch.layout.prefix_len.tolist(), batch.prefix_last.to(device), params.beam_width,
     )
-    items, scores = result.items[:, : params.n].cpu(), result.scores[:, : params.n].cpu()
+    # the one copy back: non-blocking into pinned memory on a GPU, then one wait
+    pinned = device.type == "cuda"
+    items = result.items[:, : params.n].to("cpu", non_blocking=pinned)
+    scores = result.scores[:, : params.n].to("cpu", non_blocking=pinned)
+    if pinned:
+        torch.cuda.current_stream(device).synchronize()
     out = []
     for row_items, row_scores in zip(items.tolist(), scores.tolist(), strict=True):
         keep = [k for k, item in enumerate(row_items) if item >= 0]  # -1: fewer valid items

@@ -8,6 +8,7 @@ from genrec.engine.batch import PackedBatch
 from genrec.engine.inputs import InputError
 from genrec.engine.params import ScoreParams
 from genrec.model.decoder import DecoderLM
+from genrec.utils.sync_trap import host_side
 
 
 def read_scores(
@@ -35,24 +36,26 @@ def read_scores(
 def _summed_loglik(model: DecoderLM, hidden: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
     # Token i of a branch is predicted by the row before it: the prefix's last row for i = 0,
     # the branch's own row i - 1 otherwise.
-    ids = batch.inputs.token_ids
-    lens = torch.tensor(batch.branch_lens, dtype=torch.long)
-    n_br = lens.numel()
-    branch_of = torch.repeat_interleave(torch.arange(n_br), lens)  # [Tb]
-    j = torch.arange(int(lens.sum())) - (torch.cumsum(lens, 0) - lens)[branch_of]
-    rows = batch.branch_starts[branch_of] + j
-    request_of = torch.repeat_interleave(torch.arange(len(batch.branch_counts)),
-                                         torch.tensor(batch.branch_counts))
-    prefix_last = batch.prefix_last[request_of][branch_of]
-    if bool((prefix_last < 0).any()):
-        raise InputError(
-            "'loglik' mode needs a non-empty prefix to predict a candidate's first token"
-        )
-    targets = ids[rows]
-    if bool((targets < 0).any()) or bool((targets >= model.config.vocab_size).any()):
-        raise InputError("'loglik' mode scores text tokens only: a candidate holds item tokens "
-                         "or raw embeddings")
-    predictors = torch.where(j == 0, prefix_last, rows - 1)
     device = hidden.device
-    logp = model.token_logprobs(hidden[predictors.to(device)], targets.to(device))
-    return torch.zeros(n_br, device=device).index_add_(0, branch_of.to(device), logp)
+    with host_side():  # indices and input checks on the batch's host tensors
+        ids = batch.inputs.token_ids
+        lens = torch.tensor(batch.branch_lens, dtype=torch.long)
+        n_br = lens.numel()
+        branch_of = torch.repeat_interleave(torch.arange(n_br), lens)  # [Tb]
+        j = torch.arange(int(lens.sum())) - (torch.cumsum(lens, 0) - lens)[branch_of]
+        rows = batch.branch_starts[branch_of] + j
+        request_of = torch.repeat_interleave(torch.arange(len(batch.branch_counts)),
+                                             torch.tensor(batch.branch_counts))
+        prefix_last = batch.prefix_last[request_of][branch_of]
+        if bool((prefix_last < 0).any()):
+            raise InputError(
+                "'loglik' mode needs a non-empty prefix to predict a candidate's first token"
+            )
+        targets = ids[rows]
+        if bool((targets < 0).any()) or bool((targets >= model.config.vocab_size).any()):
+            raise InputError("'loglik' mode scores text tokens only: a candidate holds item "
+                             "tokens or raw embeddings")
+        predictors = torch.where(j == 0, prefix_last, rows - 1).to(device)
+        targets, branch_of = targets.to(device), branch_of.to(device)
+    logp = model.token_logprobs(hidden[predictors], targets)
+    return torch.zeros(n_br, device=device).index_add_(0, branch_of, logp)

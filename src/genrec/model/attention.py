@@ -10,13 +10,14 @@ log-sum-exp, and merges them exactly:
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from genrec.kernels import cascade_attention_op
+from genrec.model.attend import attend
+from genrec.model.beam_step import BeamStepLayout, step_attention_portable
 from genrec.model.kv_cache import take_rows
 from genrec.model.layers import inv_rms, norm_rotary
 from genrec.model.layout import AttentionLayout
@@ -60,71 +61,6 @@ def fuses_queries(q: torch.Tensor) -> bool:
             and cascade_attention_op() is not None)
 
 
-def _attend_math(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-    causal: bool, scale: float, chunk: int = 4096,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    # Portable reference path, any device. q: [B, H, Lq, D]; k, v: [B, Hkv, Lk, D].
-    groups = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(groups, dim=1).float()
-    v = v.repeat_interleave(groups, dim=1).float()
-    outs, lses = [], []
-    for start in range(0, q.shape[2], chunk):
-        qc = q[:, :, start : start + chunk].float()
-        s = torch.matmul(qc, k.transpose(-1, -2)) * scale
-        if mask is not None:
-            rows = mask if mask.shape[2] == 1 else mask[:, :, start : start + chunk]
-            s = s + rows.float()
-        if causal:
-            rows = torch.arange(start, start + qc.shape[2], device=q.device)[:, None]
-            cols = torch.arange(k.shape[2], device=q.device)[None, :]
-            s = s.masked_fill(cols > rows, _NEG_INF)
-        # a row whose keys are all masked gets p = 0 and a finite, hugely negative lse:
-        # no inf - inf anywhere, so its gradients stay finite (zero) too
-        top = s.detach().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).min)
-        e = torch.exp(s - top)
-        total = e.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
-        outs.append(torch.matmul(e / total, v).to(q.dtype))
-        lses.append((top + total.log()).squeeze(-1))
-    return torch.cat(outs, dim=2), torch.cat(lses, dim=2)
-
-
-@functools.cache
-def _cpu_flash_takes_gqa() -> bool:
-    # torch's CPU flash kernel reads grouped key heads correctly from some release on (2.13
-    # does, 2.6 returns garbage): probed once on a tiny input against the math path
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, h, 3, 8, generator=g) for h in (4, 2, 2))
-    with torch.inference_mode():
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, False, attn_mask=None, scale=0.25)[:2]
-        ref, ref_lse = _attend_math(q, k, v, None, False, 0.25)
-    return bool(torch.allclose(out, ref, atol=1e-5) and torch.allclose(lse, ref_lse, atol=1e-5))
-
-
-def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-    causal: bool, scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention returning (output [B, H, Lq, D], log-sum-exp [B, H, Lq] in fp32).
-
-    ``k``/``v`` may have fewer heads than ``q`` (grouped-query attention); ``mask`` is additive
-    and broadcastable to [B, 1, Lq, Lk]; ``causal`` aligns query i with key i (top-left).
-    Rows whose keys are all masked give an undefined log-sum-exp: callers must mask them.
-    """
-    # The fused CPU kernel gives no gradient through its log-sum-exp: train on the math path.
-    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
-    if q.device.type == "cpu" and not needs_grad:
-        if k.shape[1] != q.shape[1] and not _cpu_flash_takes_gqa():
-            groups = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, causal, attn_mask=mask, scale=scale
-        )
-        return out, lse
-    return _attend_math(q, k, v, mask, causal, scale)
-
-
 def _grid(x: torch.Tensor, rows: torch.Tensor, n_rows: int, identity: bool) -> torch.Tensor:
     # rows of x placed at ``rows`` of a zero-padded grid [n_rows, ...]; identity: no copy
     if identity:
@@ -161,18 +97,25 @@ def prefix_branch_attention(
     q: torch.Tensor,
     prefix_k: torch.Tensor, prefix_v: torch.Tensor,
     branch_k: torch.Tensor, branch_v: torch.Tensor,
-    layout: AttentionLayout, scale: float, q_transform: QueryTransform | None = None,
+    layout: AttentionLayout | BeamStepLayout, scale: float,
+    q_transform: QueryTransform | None = None,
 ) -> torch.Tensor:
     """Attention of the packed queries ``q`` [T, H, D] under ``layout``; returns [T, H, D].
     With ``q_transform``, ``q`` is raw and the transform is applied first.
 
     CPU fp32 / bf16 inference runs the native cascade kernel (:mod:`genrec.kernels`) where it is
     built: one pass per run of query rows over its prefix and its own keys. Elsewhere the
-    prefix part and the branch part run as separate attention calls merged by log-sum-exp."""
-    out = _native_attention(q, prefix_k, prefix_v, branch_k, branch_v, layout, scale,
-                            q_transform)
-    if out is not None:
-        return out
+    prefix part and the branch part run as separate attention calls merged by log-sum-exp.
+    A beam step (:class:`~genrec.model.beam_step.BeamStepLayout`) reads each beam's tail
+    through the search's ancestry table."""
+    if isinstance(layout, BeamStepLayout):
+        return beam_step_attention(q, prefix_k, prefix_v, branch_k, branch_v, layout, scale,
+                                   q_transform)
+    caches = (prefix_k, prefix_v, branch_k, branch_v)
+    if _native_applies(q, caches):
+        runs, most_keys = layout.query_runs(_RUN_ROWS)
+        if most_keys <= _RUN_MAX_KEYS:
+            return _native_attention(q, caches, runs, scale, q_transform)
     if q_transform is not None:
         q = q_transform.apply(q)
     n_req = layout.num_requests
@@ -222,21 +165,36 @@ def prefix_branch_attention(
     return out
 
 
+def beam_step_attention(
+    q: torch.Tensor, prefix_k: torch.Tensor, prefix_v: torch.Tensor, tail_k: torch.Tensor,
+    tail_v: torch.Tensor, layout: BeamStepLayout, scale: float,
+    q_transform: QueryTransform | None = None,
+) -> torch.Tensor:
+    """One beam step's attention (q [NB, H, D]; prefix caches [R, P, Hkv, D], tail caches
+    [NB, cap, Hkv, D]): the native kernel over the gathered tails on the CPU, else the
+    portable batched products (:func:`~genrec.model.beam_step.step_attention_portable`)."""
+    caches = (prefix_k, prefix_v, tail_k, tail_v)
+    if _native_applies(q, caches) and prefix_k.shape[1] + layout.level <= _RUN_MAX_KEYS:
+        gathered = (prefix_k, prefix_v, layout.tails(tail_k), layout.tails(tail_v))
+        return _native_attention(q, gathered, layout.runs(prefix_k.shape[1]), scale,
+                                 q_transform)
+    if q_transform is not None:
+        q = q_transform.apply(q)
+    return step_attention_portable(q, prefix_k, prefix_v, tail_k, tail_v, layout, scale)
+
+
+def _native_applies(q: torch.Tensor, caches: tuple[torch.Tensor, ...]) -> bool:
+    # see fuses_queries; caches of q's dtype that need no gradients
+    return fuses_queries(q) and all(t.dtype == q.dtype for t in caches) and not (
+        torch.is_grad_enabled() and any(t.requires_grad for t in caches))
+
+
 def _native_attention(
-    q: torch.Tensor, prefix_k: torch.Tensor, prefix_v: torch.Tensor, branch_k: torch.Tensor,
-    branch_v: torch.Tensor, layout: AttentionLayout, scale: float,
+    q: torch.Tensor, caches: tuple[torch.Tensor, ...], runs: torch.Tensor, scale: float,
     q_transform: QueryTransform | None,
-) -> torch.Tensor | None:
-    # the native kernel's result, or None where it does not apply (see fuses_queries; keys
-    # that need gradients). An fp32 kernel: bf16 inputs widen to fp32 and the output rounds
-    # back to bf16
-    caches = (prefix_k, prefix_v, branch_k, branch_v)
-    if not fuses_queries(q) or any(t.dtype != q.dtype for t in caches) or (
-            torch.is_grad_enabled() and any(t.requires_grad for t in caches)):
-        return None
-    runs, most_keys = layout.query_runs(_RUN_ROWS)
-    if most_keys > _RUN_MAX_KEYS:
-        return None
+) -> torch.Tensor:
+    # the native kernel over (prefix_k, prefix_v, branch_k, branch_v) for the query runs
+    # ``runs``. An fp32 kernel: bf16 inputs widen to fp32 and the output rounds back to bf16
     rope: dict[str, torch.Tensor | float | None] = {}
     if q_transform is not None:
         tr, rows = q_transform, q.shape[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from genrec.model.beam_step import BeamStepLayout
 from genrec.model.layout import AttentionLayout
 
 
@@ -11,11 +12,13 @@ class KVCache:
     """Keys and values of every layer: one prefix per request, one short tail per branch.
 
     Shapes per layer: prefix [R, prefix_cap, Hkv, D], branch [NB, branch_cap, Hkv, D].
-    A persistent cache (beam search) is zero-filled up front and updated in place; its branch
-    part is reordered cheaply. A ``transient`` one (scoring: dropped after the forward) gets a
-    layer's storage when it is first written: a write that fills a part entirely keeps the new
-    rows themselves (the branch keys as a view of k, no copy and no zero fill); other writes
-    go out of place under autograd so training can backpropagate through the cache.
+    A persistent cache (beam search) is zero-filled up front and updated in place; in a search
+    its branch part holds each beam row's tail slots, read through an ancestry table
+    (:mod:`genrec.model.beam_step`), so beams never move. A ``transient`` one (scoring:
+    dropped after the forward) gets a layer's storage when it is first written: a write that
+    fills a part entirely keeps the new rows themselves (the branch keys as a view of k, no
+    copy and no zero fill); other writes go out of place under autograd so training can
+    backpropagate through the cache.
     """
 
     def __init__(
@@ -32,6 +35,17 @@ class KVCache:
         self.branch_k = self._storage(num_layers, self._branch_dims)
         self.branch_v = self._storage(num_layers, self._branch_dims)
 
+    @property
+    def prefix_capacity(self) -> int:
+        """Cache slots per request prefix."""
+        return self._prefix_dims[1]
+
+    def nbytes(self) -> int:
+        """Bytes of the layers' storage allocated so far."""
+        return sum(t.numel() * t.element_size() for store in (
+            self.prefix_k, self.prefix_v, self.branch_k, self.branch_v) for t in store
+            if t is not None)
+
     def _storage(self, num_layers: int, dims: tuple[int, int]) -> list[torch.Tensor | None]:
         if self.transient:
             return [None] * num_layers
@@ -46,9 +60,17 @@ class KVCache:
         return store[layer]
 
     def write(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor, layout: AttentionLayout
+        self, layer: int, k: torch.Tensor, v: torch.Tensor,
+        layout: AttentionLayout | BeamStepLayout,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Store the new keys/values of ``layer`` (k, v: [T, Hkv, D]); return the layer's cache."""
+        """Store the new keys/values of ``layer`` (k, v: [T, Hkv, D]); return the layer's cache.
+        A beam step writes slot ``level - 1`` of every beam row (in place: static buffers)."""
+        if isinstance(layout, BeamStepLayout):
+            slot = layout.level - 1
+            self._layer(self.branch_k, layer, False)[:, slot].copy_(k)
+            self._layer(self.branch_v, layer, False)[:, slot].copy_(v)
+            return (self.prefix_k[layer], self.prefix_v[layer], self.branch_k[layer],
+                    self.branch_v[layer])
         n_prefix = layout.prefix_tokens.numel()
         single = layout.single_request  # rows are [0, Tp) then [Tp, T): slices, no gather
         # fills: every slot of the part is written at once (slots 0, 1, ... in packed order)
@@ -97,13 +119,6 @@ class KVCache:
         view.branch_k = view._storage(len(self.branch_k), view._branch_dims)
         view.branch_v = view._storage(len(self.branch_v), view._branch_dims)
         return view
-
-    def reorder_branches(self, order: torch.Tensor) -> None:
-        """Branch b takes the cached tail of branch ``order[b]`` (beam reordering)."""
-        for store in (self.branch_k, self.branch_v):
-            for layer in range(len(store)):
-                store[layer] = self._layer(store, layer, False).index_select(0, order)
-        self._branch_dims = (order.numel(), self._branch_dims[1])
 
 
 def _write(cache: torch.Tensor, slots: torch.Tensor, src: torch.Tensor) -> torch.Tensor:

@@ -73,13 +73,23 @@ class AttentionLayout:
     _derived: dict = field(default_factory=dict, repr=False)
 
     def to(self, device: torch.device | str) -> AttentionLayout:
-        """A copy with every tensor on ``device`` (one transfer per forward, none per layer)."""
-        moved = {
-            name: value.to(device) if isinstance(value, torch.Tensor) else value
-            for name, value in self.__dict__.items()
-            if name != "_derived"
-        }
-        return AttentionLayout(**moved)
+        """This layout with every tensor on ``device``: itself where they are, else a copy
+        made once and kept (memoised layouts recur: no transfer per forward, none per layer;
+        to a GPU from pinned memory, without a blocking copy)."""
+        device = torch.device(device)
+        if self.positions.device == device:
+            return self
+        key = ("to", str(device))
+        if key not in self._derived:
+            pinned = device.type == "cuda"
+            moved = {
+                name: _moved(value, device, pinned) if isinstance(value, torch.Tensor)
+                else value
+                for name, value in self.__dict__.items()
+                if name != "_derived"
+            }
+            self._derived[key] = AttentionLayout(**moved)
+        return self._derived[key]
 
     def query_runs(self, tile: int) -> tuple[torch.Tensor, int]:
         """Runs of at most ``tile`` consecutive packed query rows with the keys they see, as
@@ -103,6 +113,13 @@ class AttentionLayout:
                 mask = zeros.masked_fill(~mask, float("-inf")).expand(mask.shape).contiguous()
             self._derived[key] = mask
         return self._derived[key]
+
+
+def _moved(t: torch.Tensor, device: torch.device, pinned: bool) -> torch.Tensor:
+    # a host tensor to a GPU through pinned memory (an asynchronous copy on the stream)
+    if pinned and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 def build_layout(

@@ -30,6 +30,7 @@ from genrec.serving.scheduler import (
     DeadlineExceededError,
     DrainingError,
     QueueFullError,
+    Stages,
 )
 from genrec.serving.service import ApiError, CatalogBehindError, Service
 from genrec.serving.worker import BatchWorker, Worker
@@ -151,6 +152,19 @@ def create_app(
     return build_app(worker, tokenizer=tokenizer, config=config)
 
 
+def overlap_stages(worker: BatchWorker, overlap: bool | None) -> Stages | None:
+    """The two steps of a batch when the scheduler overlaps packing with the engine's run
+    (``overlap``; ``None``: on a GPU), for a worker that runs its batches here."""
+    if not isinstance(worker, Worker):  # an engine-process proxy: its batches run there
+        return None
+    if overlap is None:
+        overlap = worker.engine.model.device.type == "cuda"
+    if not overlap:
+        return None
+    return Stages(lambda message, payloads: worker.prepare(message, payloads), worker.finish,
+                  worker.barrier)
+
+
 def build_app(worker: BatchWorker, *, tokenizer: Any = None,
               config: ServeConfig | None = None) -> FastAPI:
     """The server whose batches run on ``worker`` (a :class:`Worker`, or an
@@ -166,7 +180,8 @@ def build_app(worker: BatchWorker, *, tokenizer: Any = None,
                             worker.catalog_stats)
     scheduler = BatchScheduler(worker.run, config.max_batch_size, config.max_wait_ms,
                                config.max_queue, observer=lambda message, size, seconds:
-                               metrics.observe_batch(message.kind, size, seconds))
+                               metrics.observe_batch(message.kind, size, seconds),
+                               stages=overlap_stages(worker, config.overlap))
     service = Service(worker, scheduler, tokenizer, config.model_name)
 
     @contextlib.asynccontextmanager

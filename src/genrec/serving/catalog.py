@@ -195,6 +195,12 @@ class ServiceCatalog:
         """The version being served."""
         return self._version
 
+    def snapshot(self) -> tuple[int, Any]:
+        """The version served and the engine's generative catalog state of that version,
+        read together (a batch prepared on another thread reads both at once)."""
+        with self._lock:
+            return self._version, self.engine.catalog
+
     @property
     def generative(self) -> bool:
         """Whether the engine has a generative catalog to update."""

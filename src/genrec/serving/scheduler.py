@@ -10,6 +10,12 @@ as the engine is free (collection overlaps execution).
 
 Failure isolation: when the batched call raises ``ValueError`` (the engine's ``InputError``
 for bad input), every member is rerun alone, so one bad request fails only itself.
+
+Overlap (``stages``, see :class:`Stages`): a batch runs in two steps, ``prepare`` (host work:
+checks, packing) on the collecting thread and ``finish`` (the engine's device work) on a
+second thread, so batch k+1 is packed while batch k runs, as the overlap schedulers of
+TensorRT-LLM and SGLang do. A prepared batch marked ``barrier`` (a catalog update) is
+finished before the next batch is prepared.
 """
 
 from __future__ import annotations
@@ -19,43 +25,21 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-BatchRunner = Callable[[Hashable, list[Any]], Sequence[Any]]
-BatchObserver = Callable[[Hashable, int, float], None]
+from genrec.serving.batch_jobs import (
+    BatchObserver,
+    BatchRunner,
+    DeadlineExceededError,
+    DrainingError,
+    Job,
+    QueueFullError,
+    Stages,
+    resolve,
+)
 
-
-class QueueFullError(RuntimeError):
-    """The queue holds ``max_queue`` jobs: retry later (HTTP 503 + Retry-After)."""
-
-
-class DrainingError(RuntimeError):
-    """The scheduler is shutting down and takes no new jobs (HTTP 503)."""
-
-
-class DeadlineExceededError(RuntimeError):
-    """The job's deadline passed before it ran (HTTP 504)."""
-
-
-@dataclass(eq=False)
-class _Job:
-    group: Hashable
-    payload: Any
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-    enqueued: float
-    deadline: float | None
-    state: str = "pending"  # pending -> running | dropped
-
-
-def _resolve(future: asyncio.Future, ok: bool, value: Any) -> None:
-    if not future.done():
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
-
+__all__ = ["BatchObserver", "BatchRunner", "BatchScheduler", "DeadlineExceededError",
+           "DrainingError", "QueueFullError", "Stages"]
 
 class BatchScheduler:
     """Bounded queue + one worker thread running batched engine calls.
@@ -67,6 +51,7 @@ class BatchScheduler:
     def __init__(
         self, runner: BatchRunner, max_batch_size: int = 32, max_wait_ms: float = 5.0,
         max_queue: int = 256, observer: BatchObserver | None = None,
+        stages: Stages | None = None,
     ) -> None:
         if max_batch_size < 1 or max_queue < 1 or max_wait_ms < 0:
             raise ValueError("max_batch_size and max_queue must be >= 1, max_wait_ms >= 0")
@@ -75,12 +60,21 @@ class BatchScheduler:
         self.max_wait = max_wait_ms / 1000.0
         self.max_queue = max_queue
         self.observer = observer
-        self._pending: deque[_Job] = deque()
+        self._pending: deque[Job] = deque()
         self._counts: dict[Hashable, int] = {}
         self._cond = threading.Condition()
         self._accepting = True
         self._stopping = False
         self._busy = False
+        self.stages = stages
+        # overlap: prepared batches for the finishing thread (at most one waits)
+        self._handoff: deque[tuple[Hashable, list[Job], Any] | None] = deque()
+        self._in_flight = 0  # batches prepared and not finished yet
+        self._finisher = None
+        if stages is not None:
+            self._finisher = threading.Thread(target=self._finish_loop, name="genrec-engine",
+                                              daemon=True)
+            self._finisher.start()
         self._thread = threading.Thread(target=self._work, name="genrec-batcher", daemon=True)
         self._thread.start()
 
@@ -96,7 +90,7 @@ class BatchScheduler:
     def idle(self) -> bool:
         """Nothing queued and nothing running."""
         with self._cond:
-            return not self._pending and not self._busy
+            return not self._pending and not self._busy and not self._in_flight
 
     async def submit(self, group: Hashable, payload: Any, deadline_ms: float | None = None) -> Any:
         """Queue one job and wait for its result (or the exception its run raised).
@@ -108,7 +102,7 @@ class BatchScheduler:
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         deadline = None if deadline_ms is None else now + deadline_ms / 1000.0
-        job = _Job(group, payload, loop.create_future(), loop, now, deadline)
+        job = Job(group, payload, loop.create_future(), loop, now, deadline)
         with self._cond:
             if not self._accepting:
                 raise DrainingError("server is shutting down")
@@ -146,11 +140,14 @@ class BatchScheduler:
             self._stopping = True
             self._cond.notify_all()
         self._thread.join(timeout)
+        if self._finisher is not None:
+            self._finisher.join(timeout)
+            return not (self._thread.is_alive() or self._finisher.is_alive())
         return not self._thread.is_alive()
 
     # -- worker side -------------------------------------------------------------------------
 
-    def _drop(self, job: _Job) -> bool:
+    def _drop(self, job: Job) -> bool:
         with self._cond:
             if job.state != "pending":
                 return False
@@ -158,7 +155,7 @@ class BatchScheduler:
             job.state = "dropped"
             return True
 
-    def _remove(self, job: _Job) -> None:
+    def _remove(self, job: Job) -> None:
         self._pending.remove(job)
         self._decrement(job.group)
 
@@ -169,7 +166,7 @@ class BatchScheduler:
         else:
             del self._counts[group]
 
-    def _next_batch(self) -> tuple[Hashable, list[_Job], list[_Job]] | None:
+    def _next_batch(self) -> tuple[Hashable, list[Job], list[Job]] | None:
         """Under the lock: wait for a batch; returns (group, jobs to run, expired jobs)."""
         while True:
             while not self._pending:
@@ -187,9 +184,9 @@ class BatchScheduler:
             if first.state != "pending":
                 continue  # the oldest job was dropped while we waited
             group, now = first.group, time.monotonic()
-            run: list[_Job] = []
-            expired: list[_Job] = []
-            keep: deque[_Job] = deque()
+            run: list[Job] = []
+            expired: list[Job] = []
+            keep: deque[Job] = deque()
             for job in self._pending:
                 if job.group != group or len(run) == self.max_batch_size:
                     keep.append(job)
@@ -210,27 +207,88 @@ class BatchScheduler:
             with self._cond:
                 picked = self._next_batch()
             if picked is None:
+                if self.stages is not None:
+                    self._hand(None)  # the finishing thread stops after what it holds
                 return
             group, jobs, expired = picked
             for job in expired:
                 err = DeadlineExceededError("deadline_ms: the deadline passed before the "
                                             "request ran")
                 self._deliver(job, False, err)
-            if jobs:
+            if jobs and self.stages is not None:
+                self._prepare(group, jobs)
+            elif jobs:
                 self._execute(group, jobs)
-                with self._cond:
-                    self._busy = False
+            with self._cond:
+                self._busy = False
 
-    def _execute(self, group: Hashable, jobs: list[_Job]) -> None:
+    # -- overlap: prepare here, finish on the finishing thread --------------------------------
+
+    def _prepare(self, group: Hashable, jobs: list[Job]) -> None:
+        stages = self.stages
+        try:
+            parts = [(jobs, stages.prepare(group, [job.payload for job in jobs]))]
+        except ValueError as err:
+            if len(jobs) == 1:
+                self._deliver(jobs[0], False, err)
+                return
+            parts = []  # find the bad ones: every member alone
+            for job in jobs:
+                try:
+                    parts.append(([job], stages.prepare(group, [job.payload])))
+                except Exception as one:  # noqa: BLE001 - this request's own error
+                    self._deliver(job, False, one)
+        except Exception as err:  # noqa: BLE001 - delivered to every waiting request
+            for job in jobs:
+                self._deliver(job, False, err)
+            return
+        for members, prepared in parts:
+            self._hand((group, members, prepared))
+            if stages.barrier(prepared):
+                with self._cond:  # finished before anything later is prepared
+                    while self._in_flight:
+                        self._cond.wait()
+
+    def _hand(self, item: tuple[Hashable, list[Job], Any] | None) -> None:
+        with self._cond:
+            while self._handoff:  # one prepared batch waits at most
+                self._cond.wait()
+            self._handoff.append(item)
+            if item is not None:
+                self._in_flight += 1
+            self._cond.notify_all()
+
+    def _finish_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._handoff:
+                    self._cond.wait()
+                item = self._handoff.popleft()
+                self._cond.notify_all()
+            if item is None:
+                return
+            group, jobs, prepared = item
+            self._settle(group, jobs, lambda: self.stages.finish(prepared))  # noqa: B023
+            with self._cond:
+                self._in_flight -= 1
+                self._cond.notify_all()
+
+    def _execute(self, group: Hashable, jobs: list[Job]) -> None:
         payloads = [job.payload for job in jobs]
+        self._settle(group, jobs, lambda: self.runner(group, payloads))
+
+    def _settle(self, group: Hashable, jobs: list[Job], call: Callable[[], Sequence[Any]]
+                ) -> None:
+        # run a batch's ``call`` and deliver each job's outcome; bad input (ValueError) in a
+        # batch of several: every member again alone
         start = time.perf_counter()
         try:
-            outcomes = self._call(group, payloads)
+            outcomes = self._checked(call(), len(jobs))
         except ValueError as err:
             if len(jobs) == 1:
                 outcomes = [(False, err)]
             else:  # find the bad ones: every member alone
-                outcomes = [self._call_one(group, payload) for payload in payloads]
+                outcomes = [self._call_one(group, job.payload) for job in jobs]
         except Exception as err:  # noqa: BLE001 - delivered to every waiting request
             outcomes = [(False, err)] * len(jobs)
         if self.observer is not None:
@@ -239,10 +297,14 @@ class BatchScheduler:
             self._deliver(job, ok, value)
 
     def _call(self, group: Hashable, payloads: list[Any]) -> list[tuple[bool, Any]]:
-        results = list(self.runner(group, payloads))
-        if len(results) != len(payloads):
+        return self._checked(self.runner(group, payloads), len(payloads))
+
+    @staticmethod
+    def _checked(results: Sequence[Any], expected: int) -> list[tuple[bool, Any]]:
+        results = list(results)
+        if len(results) != expected:
             raise RuntimeError(f"batch runner returned {len(results)} results for "
-                               f"{len(payloads)} requests")
+                               f"{expected} requests")
         return [(True, r) for r in results]
 
     def _call_one(self, group: Hashable, payload: Any) -> tuple[bool, Any]:
@@ -252,8 +314,8 @@ class BatchScheduler:
             return False, err
 
     @staticmethod
-    def _deliver(job: _Job, ok: bool, value: Any) -> None:
+    def _deliver(job: Job, ok: bool, value: Any) -> None:
         try:
-            job.loop.call_soon_threadsafe(_resolve, job.future, ok, value)
+            job.loop.call_soon_threadsafe(resolve, job.future, ok, value)
         except RuntimeError:  # the event loop is closed: nobody is waiting any more
             pass

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -40,6 +41,17 @@ from genrec.serving.messages import (
     ScoreBatch,
     Versioned,
 )
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """A batch after :meth:`Worker.prepare`: its message and payloads, the catalog version
+    its results carry and the engine's prepared work (``None``: runs whole when finished)."""
+
+    message: Message
+    payloads: list[Any]
+    version: int | None
+    work: Any
 
 
 class BatchWorker(Protocol):
@@ -137,12 +149,16 @@ class Worker:
         if handler is None:
             raise TypeError(f"unknown message {message!r}")
         with self._batch:
-            if self._behind:
-                self._behind = False
-                # a log that cannot be read fails no batch: the poller reports it, and retries
-                with contextlib.suppress(Exception):
-                    self.catalog.catch_up()
+            self._catch_up_if_behind()
             return handler(message, payloads)
+
+    def _catch_up_if_behind(self) -> None:
+        # under the batch lock: the followed log grew since the last batch
+        if self._behind:
+            self._behind = False
+            # a log that cannot be read fails no batch: the poller reports it, and retries
+            with contextlib.suppress(Exception):
+                self.catalog.catch_up()
 
     def _log_grew(self) -> None:
         self._behind = True
@@ -165,19 +181,56 @@ class Worker:
     def recommend(self, message: RecommendBatch, requests: list[RecommendRequest]
                   ) -> list[Versioned[Recommendation]]:
         """Constrained beam search for every request, in one engine call."""
-        version = self.catalog_version
-        params = BeamParams(beam_width=message.beam_width, n=message.n)
-        return [Versioned(rec, version) for rec in self.engine.recommend(requests, params)]
+        return self._finish_work(self.prepare(message, requests))
 
     def score(self, message: ScoreBatch, requests: list[list[ScoreRequest]]
               ) -> list[Versioned[list[torch.Tensor]]]:
         """Label scores of every HTTP request's scoring requests, in one engine call."""
-        version = self.catalog_version
-        params = ScoreParams(mode="labels", label_token_ids=list(message.label_token_ids),
-                             apply_softmax=message.apply_softmax)
-        scores = self.engine.score_requests([r for group in requests for r in group], params)
+        return self._finish_work(self.prepare(message, requests))
+
+    # -- two steps (overlap scheduling: the next batch is prepared while this one runs) -------
+
+    def prepare(self, message: Message, payloads: list[Any]) -> PreparedBatch:
+        """The host part of a batch (checks, prompts, packing; ``InputError`` for bad input)
+        against one catalog version, read now; :meth:`finish` runs it. Recommend and score
+        batches are prepared; others run whole in :meth:`finish`."""
+        if type(message) not in self._handlers:
+            raise TypeError(f"unknown message {message!r}")
+        if isinstance(message, RecommendBatch):
+            version, state = (self.catalog.snapshot() if self.catalog is not None
+                              else (self.catalog_version, None))
+            params = BeamParams(beam_width=message.beam_width, n=message.n)
+            work = self.engine.prepare_recommend(payloads, params, state)
+        elif isinstance(message, ScoreBatch):
+            version = self.catalog_version
+            params = ScoreParams(mode="labels", label_token_ids=list(message.label_token_ids),
+                                 apply_softmax=message.apply_softmax)
+            work = self.engine.prepare_score([r for group in payloads for r in group], params)
+        else:
+            return PreparedBatch(message, payloads, None, None)
+        return PreparedBatch(message, payloads, version, work)
+
+    def finish(self, prepared: PreparedBatch) -> list[Any]:
+        """Run a :meth:`prepare` d batch: one result per payload (see :meth:`run`)."""
+        if prepared.work is None:
+            return self.run(prepared.message, prepared.payloads)
+        with self._batch:
+            self._catch_up_if_behind()
+            return self._finish_work(prepared)
+
+    @staticmethod
+    def barrier(prepared: PreparedBatch) -> bool:
+        """Whether ``prepared`` must finish before the next batch is prepared (a catalog
+        update: later batches read the catalog it makes)."""
+        return isinstance(prepared.message, CatalogUpdate)
+
+    def _finish_work(self, prepared: PreparedBatch) -> list[Any]:
+        version = prepared.version
+        if isinstance(prepared.message, RecommendBatch):
+            return [Versioned(rec, version) for rec in self.engine.run_recommend(prepared.work)]
+        scores = self.engine.run_score(prepared.work)
         out, start = [], 0
-        for group in requests:
+        for group in prepared.payloads:
             out.append(Versioned(scores[start:start + len(group)], version))
             start += len(group)
         return out

@@ -1,0 +1,247 @@
+"""Beam-search step runners: static buffers per search shape, replayed as CUDA graphs on a GPU.
+
+A search's shape is its request bucket, beam width, prefix bucket and levels. Per shape a
+:class:`SearchBuffers` holds everything the levels read and write: the KV cache (prompts and
+beam tails), each request's prompt-final hidden state and prefix length, the identity
+ancestry. A :class:`BeamRunner` adds, per catalog (its tries, kept alive by the runner) and
+filter-list shape, the filter lists' padded buffers and, on CUDA, the captured graph of every
+level after the prompt forward (:func:`genrec.engine.beam.search_levels`). A call copies its
+inputs into the buffers (padding requests get prefix length 0 and empty filters: harmless
+rows whose results are dropped), runs or replays the levels, and reads the first R rows.
+
+On the CPU the same runners run eagerly over the same buffers (requests are not padded
+there unless buckets are given: padding costs compute and saves nothing without graphs).
+Above the largest request bucket a search runs eagerly at its own size.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from genrec.catalog.filters import LevelLists, PartFilter, padded_lists
+from genrec.catalog.trie import SemanticTrie
+from genrec.engine.beam import (
+    BeamResult,
+    SearchInputs,
+    filter_inputs,
+    prompt_forward,
+    search_levels,
+)
+from genrec.model.decoder import DecoderLM
+from genrec.model.kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from genrec.engine.params import EngineConfig
+
+GPU_REQUEST_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+MIN_PREFIX_BUCKET = 64
+
+
+def bucket(n: int, buckets: tuple[int, ...] | None) -> int | None:
+    """The smallest bucket >= ``n`` (``None``: above the largest); no buckets: ``n`` itself."""
+    if not buckets:
+        return n
+    return next((b for b in sorted(buckets) if b >= n), None)
+
+
+def prefix_bucket(longest: int) -> int:
+    """Prefix capacity of a search whose longest prompt has ``longest`` tokens: the next
+    power of two, at least :data:`MIN_PREFIX_BUCKET`."""
+    return max(MIN_PREFIX_BUCKET, 1 << max(longest - 1, 0).bit_length())
+
+
+class SearchBuffers:
+    """The static buffers of one search shape: ``requests`` (rows), ``width``,
+    ``prefix_cap``, ``levels``."""
+
+    def __init__(self, model: DecoderLM, requests: int, width: int, prefix_cap: int,
+                 levels: int) -> None:
+        cfg, dev = model.config, model.device
+        self.requests, self.width, self.levels = requests, width, levels
+        n_beams, tail = requests * width, max(levels - 1, 1)
+        self.cache = KVCache(cfg.num_hidden_layers, requests, prefix_cap, n_beams, tail,
+                             cfg.num_key_value_heads, cfg.head_dim, model.dtype, dev)
+        self.hidden = torch.zeros(requests, cfg.hidden_size, dtype=model.dtype, device=dev)
+        self.prefix_len = torch.zeros(requests, dtype=torch.long, device=dev)
+        # ancestry of the level-0 beams: every row reads its own slots
+        self.ancestry = torch.arange(n_beams, device=dev)[:, None].repeat(1, tail)
+
+    def load(self, hidden: torch.Tensor, prefix_len: torch.Tensor) -> None:
+        """Copy the prompts' hidden states [R, H] and prefix lengths [R] in (R <= rows)."""
+        r = hidden.shape[0]
+        self.hidden[:r].copy_(hidden)
+        self.prefix_len[:r].copy_(prefix_len)
+        if r < self.requests:  # padding requests: no prefix
+            self.hidden[r:].zero_()
+            self.prefix_len[r:].zero_()
+
+    def nbytes(self) -> int:
+        return self.cache.nbytes() + sum(t.numel() * t.element_size() for t in (
+            self.hidden, self.prefix_len, self.ancestry))
+
+
+def _shape_of(lists: list[list[LevelLists]]) -> tuple:
+    return tuple(tuple(tuple(None if t is None else tuple(t.shape) for t in level)
+                       for level in part) for part in lists)
+
+
+class BeamRunner:
+    """The levels of searches of one shape over one catalog (``parts``, ``level_offsets``)
+    with filter lists of one padded shape; ``graph``: capture them on CUDA."""
+
+    def __init__(self, model: DecoderLM, buffers: SearchBuffers, parts: list[SemanticTrie],
+                 level_offsets: list[int], lists: list[list[LevelLists]],
+                 restricted: list[torch.Tensor | None], graph: bool,
+                 pool: object | None = None) -> None:
+        # lists: padded to the buffers' rows (:func:`padded_lists`); copied in by load
+        self.model, self.buffers, self.parts = model, buffers, parts
+        self.level_offsets = list(level_offsets)
+        rows = buffers.requests
+        self.lists = [[tuple(None if t is None else torch.empty_like(t) for t in level)
+                       for level in part] for part in lists]
+        self.restricted = [None if r is None else torch.zeros(rows, dtype=torch.bool,
+                                                              device=model.device)
+                           for r in restricted]
+        self.use_graph, self.pool = graph, pool
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.items = torch.full((rows, buffers.width), -1, dtype=torch.long,
+                                device=model.device)
+        self.scores = torch.zeros(rows, buffers.width, device=model.device)
+
+    def load(self, lists: list[list[LevelLists]], restricted: list[torch.Tensor | None]
+             ) -> None:
+        """Copy a search's padded filter lists (shaped as this runner's: same key) and its
+        ``restricted`` flags [R] in."""
+        for mine, theirs in zip(self.lists, lists, strict=True):
+            for level_mine, level_theirs in zip(mine, theirs, strict=True):
+                for buf, t in zip(level_mine, level_theirs, strict=True):
+                    if buf is not None:
+                        buf.copy_(t)
+        for buf, r in zip(self.restricted, restricted, strict=True):
+            if buf is not None:
+                buf.zero_()
+                buf[: r.shape[0]].copy_(r)
+
+    def _levels(self) -> BeamResult:
+        b = self.buffers
+        inputs = SearchInputs(b.hidden, b.prefix_len, self.lists, self.restricted)
+        return search_levels(self.model, self.parts, self.level_offsets, b.width, inputs,
+                             b.cache, b.ancestry)
+
+    def run(self) -> BeamResult:
+        """The levels over the loaded buffers: eager, or the captured graph (captured on the
+        first call, after a warm-up run). Results: ``[rows, width]`` on the device."""
+        if not self.use_graph:
+            return self._levels()
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+        return BeamResult(self.items, self.scores)
+
+    def _capture(self) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: lazily built weights and kernels
+            self._levels()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self._levels()
+            self.items.copy_(out.items)
+            self.scores.copy_(out.scores)
+        self.graph = graph
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """``request_buckets``: request counts a search is padded to (``None``: its own count);
+    ``graphs``: capture runners as CUDA graphs (CUDA only); ``max_runners``: runners (and
+    buffer sets) kept, least recently used dropped."""
+
+    request_buckets: tuple[int, ...] | None = None
+    graphs: bool = False
+    max_runners: int = 8
+
+
+def runner_config(config: EngineConfig, device: torch.device) -> RunnerConfig:
+    """The runners an engine of ``config`` uses on ``device``."""
+    cuda = device.type == "cuda"
+    buckets = config.search_request_buckets
+    if buckets is None and cuda:
+        buckets = GPU_REQUEST_BUCKETS
+    return RunnerConfig(tuple(buckets) if buckets else None, cuda and config.cuda_graphs,
+                        config.max_search_runners)
+
+
+class RunnerPool:
+    """The runners of one engine, by search shape (least recently used dropped). Searches run
+    one at a time (they share the buffers)."""
+
+    def __init__(self, model: DecoderLM, config: RunnerConfig) -> None:
+        self.model, self.config = model, config
+        self._lock = threading.Lock()
+        self._buffers: OrderedDict[tuple, SearchBuffers] = OrderedDict()
+        self._runners: OrderedDict[tuple, BeamRunner] = OrderedDict()
+        self._pool = None
+        if config.graphs:
+            self._pool = torch.cuda.graph_pool_handle()
+
+    def buffers(self, requests: int, width: int, prefix_cap: int, levels: int
+                ) -> SearchBuffers:
+        key = (requests, width, prefix_cap, levels)
+        found = self._buffers.pop(key, None) or SearchBuffers(self.model, requests, width,
+                                                             prefix_cap, levels)
+        self._buffers[key] = found
+        while len(self._buffers) > self.config.max_runners:
+            self._buffers.popitem(last=False)
+        return found
+
+    def runner(self, buffers: SearchBuffers, parts: list[SemanticTrie],
+               level_offsets: list[int], lists: list[list[LevelLists]],
+               restricted: list[torch.Tensor | None], graph: bool) -> BeamRunner:
+        """The runner of these buffers, catalog and (padded) filter-list shapes."""
+        # the runner keeps ``parts`` alive: their ids are not reused while it is kept
+        key = (id(buffers), tuple(id(p) for p in parts), tuple(level_offsets),
+               _shape_of(lists), tuple(r is not None for r in restricted), graph)
+        found = self._runners.pop(key, None)
+        if found is None:
+            found = BeamRunner(self.model, buffers, parts, level_offsets, lists, restricted,
+                               graph, self._pool)
+        self._runners[key] = found
+        while len(self._runners) > self.config.max_runners:
+            self._runners.popitem(last=False)
+        return found
+
+    def search(self, parts: list[SemanticTrie], filters: list[PartFilter],
+               level_offsets: list[int], embeds: torch.Tensor, prefix_lens: list[int],
+               prefix_last: torch.Tensor, width: int) -> BeamResult:
+        """Beam search of ``width`` for prompts ``embeds`` [T, H] (packed; ``prefix_lens``
+        on the host, ``prefix_last`` [R] each prompt's last row, on the device): results
+        [R, width] on the device."""
+        with self._lock, torch.inference_mode():
+            return self._search(parts, filters, level_offsets, embeds, prefix_lens,
+                                prefix_last, width)
+
+    def _search(self, parts: list[SemanticTrie], filters: list[PartFilter],
+                level_offsets: list[int], embeds: torch.Tensor, prefix_lens: list[int],
+                prefix_last: torch.Tensor, width: int) -> BeamResult:
+        n_req, levels = len(prefix_lens), parts[0].num_levels
+        rows = bucket(n_req, self.config.request_buckets)
+        graph = self.config.graphs and rows is not None
+        rows = rows or n_req
+        buffers = self.buffers(rows, width, prefix_bucket(max(prefix_lens)), levels)
+        hidden, lens = prompt_forward(self.model, embeds, prefix_lens, prefix_last,
+                                      buffers.cache)
+        buffers.load(hidden, lens)
+        lists, restricted = filter_inputs(parts, filters)
+        lists = [[padded_lists(level, rows) for level in part] for part in lists]
+        runner = self.runner(buffers, parts, level_offsets, lists, restricted, graph)
+        runner.load(lists, restricted)
+        out = runner.run()
+        # copies: the buffers belong to the next search
+        return BeamResult(out.items[:n_req].clone(), out.scores[:n_req].clone())

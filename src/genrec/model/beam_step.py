@@ -1,0 +1,142 @@
+"""One beam-search step on a KV indirection (TensorRT-LLM's "cache indirection").
+
+A search over ``L`` levels keeps, per layer, one prefix per request and a *tail* of ``L - 1``
+fixed slots per beam row (:class:`~genrec.model.kv_cache.KVCache`'s branch part). The token
+of level ``j`` (fed at step ``j + 1``) is written once, into slot ``j`` of the row of the beam
+that holds it; beams are never moved. An ancestry table ``[NB, L - 1]`` says, for each beam row
+``b`` and level ``j``, which row's slot ``j`` holds the beam's token of level ``j``: when a beam
+takes parent ``p``, its row gets ``ancestry[p]`` (one gather of ``NB x (L - 1)`` ints per level)
+and its own row for the next slot. Attention reads the beam's tail through that table.
+
+Everything here is shaped by the search alone (requests, beams, level, capacities), so a step
+runs on static buffers with no host sync: positions come from the device-side prefix lengths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+_NEG_INF = float("-inf")
+
+
+@dataclass
+class BeamStepLayout:
+    """The attention layout of step ``level`` (1 .. L-1) of a search: one new token per beam.
+
+    ``prefix_len`` [R] (prefix keys of each request, on the device), ``ancestry`` [NB, cap]
+    (row of each beam's slot per level; columns ``< level`` are read), ``width`` beams per
+    request (``NB = R * width``, beam rows request-major), ``tail_cap`` slots per row.
+    """
+
+    prefix_len: torch.Tensor
+    ancestry: torch.Tensor
+    width: int
+    level: int
+    tail_cap: int
+    _derived: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.prefix_len.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        """One query row per beam."""
+        return self.num_requests * self.width
+
+    def beam_request(self) -> torch.Tensor:
+        """[NB] the request of each beam row."""
+        if "request" not in self._derived:
+            rows = torch.arange(self.num_requests, device=self.prefix_len.device)
+            self._derived["request"] = rows.repeat_interleave(self.width,
+                                                              output_size=self.num_tokens)
+        return self._derived["request"]
+
+    def positions(self) -> torch.Tensor:
+        """[NB] the position of each beam's new token: its prefix's length + ``level - 1``."""
+        return self.prefix_len[self.beam_request()] + (self.level - 1)
+
+    def tails(self, tail: torch.Tensor) -> torch.Tensor:
+        """Each beam's tail keys (or values) in level order, gathered through the ancestry:
+        tail [NB, cap, Hkv, D] -> [NB, level, Hkv, D]."""
+        if "slots" not in self._derived:  # [NB * level] flat slot of each (beam, level)
+            cols = torch.arange(self.level, device=self.ancestry.device)
+            slots = self.ancestry[:, : self.level] * tail.shape[1] + cols
+            self._derived["slots"] = slots.reshape(-1)
+        flat = tail.view((-1,) + tuple(tail.shape[2:]))
+        rows = flat.index_select(0, self._derived["slots"])
+        return rows.view((self.num_tokens, self.level) + tuple(tail.shape[2:]))
+
+    def runs(self, prefix_cap: int) -> torch.Tensor:
+        """The native kernel's query runs (see ``AttentionLayout.query_runs``) of this step
+        over a prefix cache of ``prefix_cap`` slots per request and the gathered tails
+        ``[NB, level]``: int64 [NB, 7], built on the device."""
+        key = ("runs", prefix_cap)
+        if key not in self._derived:
+            nb, dev = self.num_tokens, self.prefix_len.device
+            beams = torch.arange(nb, device=dev)
+            req = self.beam_request()
+            ones = torch.ones_like(beams)
+            self._derived[key] = torch.stack((
+                beams, ones, req * prefix_cap, self.prefix_len[req], ones * 0,
+                beams * self.level, ones * (self.level - 1)), dim=1).contiguous()
+        return self._derived[key]
+
+
+def advance_ancestry(ancestry: torch.Tensor, parent_rows: torch.Tensor, level: int
+                     ) -> torch.Tensor:
+    """The ancestry after beams take parents ``parent_rows`` [NB] (global beam rows) at the
+    end of level ``level``: each row copies its parent's, and its own row holds the slot of
+    the token of level ``level`` (written at the next step). [NB, cap] -> [NB, cap]."""
+    out = ancestry.index_select(0, parent_rows)
+    if level < out.shape[1]:
+        out[:, level] = torch.arange(out.shape[0], device=out.device)
+    return out
+
+
+def step_attention_portable(
+    q: torch.Tensor, prefix_k: torch.Tensor, prefix_v: torch.Tensor, tail_k: torch.Tensor,
+    tail_v: torch.Tensor, layout: BeamStepLayout, scale: float,
+) -> torch.Tensor:
+    """Attention of one beam step on any device: q [NB, H, D] against its request's prefix
+    keys (masked beyond ``prefix_len``: fixed-capacity buffers, used lengths) and its own tail
+    (gathered through the ancestry), one softmax over both; returns [NB, H, D].
+
+    Static shapes, no host sync: the prefix part is one batched product per request (its
+    beams' queries together), the tail part a small batched product per beam."""
+    n_req, width = layout.num_requests, layout.width
+    nb, heads, dim = q.shape
+    kvh = prefix_k.shape[2]
+    groups = heads // kvh
+    qf = q.float() * scale
+    # prefix part: [R, Hkv, B * G, D] @ [R, Hkv, D, P] -> [R, Hkv, B * G, P]
+    qa = qf.view(n_req, width, kvh, groups, dim).permute(0, 2, 1, 3, 4)
+    qa = qa.reshape(n_req, kvh, width * groups, dim)
+    pk = prefix_k.permute(0, 2, 3, 1).float()
+    s_a = torch.matmul(qa, pk)
+    cap = prefix_k.shape[1]
+    used = torch.arange(cap, device=q.device)[None, :] < layout.prefix_len[:, None]  # [R, P]
+    s_a = torch.where(used[:, None, None, :], s_a, _NEG_INF)
+    # tail part: [NB, Hkv, G, D] @ [NB, Hkv, D, l] -> [NB, Hkv, G, l]
+    tk = layout.tails(tail_k).permute(0, 2, 3, 1).float()
+    tv = layout.tails(tail_v).permute(0, 2, 1, 3).float()  # [NB, Hkv, l, D]
+    qb = qf.view(nb, kvh, groups, dim)
+    s_b = torch.matmul(qb, tk)
+    # one softmax over both key sets (the tail always holds the beam's own token)
+    m_a = s_a.amax(dim=-1).view(n_req, kvh, width, groups).permute(0, 2, 1, 3)
+    m_a = m_a.reshape(nb, kvh, groups)
+    top = torch.maximum(m_a, s_b.amax(dim=-1))  # [NB, Hkv, G], finite
+    top_a = top.view(n_req, width, kvh, groups).permute(0, 2, 1, 3).reshape(
+        n_req, kvh, width * groups)
+    e_a = torch.exp(s_a - top_a[..., None])
+    e_b = torch.exp(s_b - top[..., None])
+    pv = prefix_v.permute(0, 2, 1, 3).float()  # [R, Hkv, P, D]
+    o_a = torch.matmul(e_a, pv).view(n_req, kvh, width, groups, dim).permute(0, 2, 1, 3, 4)
+    o_a = o_a.reshape(nb, kvh, groups, dim)
+    z_a = e_a.sum(dim=-1).view(n_req, kvh, width, groups).permute(0, 2, 1, 3).reshape(
+        nb, kvh, groups)
+    o = o_a + torch.matmul(e_b, tv)
+    z = z_a + e_b.sum(dim=-1)
+    return (o / z[..., None]).reshape(nb, heads, dim).to(q.dtype)

@@ -1,0 +1,157 @@
+"""Beam-search runners: the KV-indirection search equals the reordering search it replaced,
+request buckets pad without changing results, buffers are reused across calls, bounded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from beam_reference import constrained_beam_search as reordering_search
+
+from genrec import BeamParams, Engine, EngineConfig, RecommendRequest
+from genrec.catalog.semantic_ids import SemanticIndex
+from genrec.engine.beam_runner import bucket, prefix_bucket
+from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
+from genrec.model import ModelConfig, build_model
+
+SIZES = [6, 5, 4]
+N_ITEMS = 60
+
+
+def _engine(**config: object) -> Engine:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.cartesian_prod(*[torch.arange(k) for k in SIZES])
+    index = SemanticIndex(ids[torch.randperm(ids.shape[0], generator=g)[:N_ITEMS]], SIZES)
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=NUM_SPECIAL + sum(SIZES), hidden_size=32, intermediate_size=48,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=8, user_dim=3, max_position_embeddings=128)
+    model = build_model(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)
+    return Engine(model, config=EngineConfig(soft_token_id=SOFT_ID, **config),
+                  vocab=SidVocab(index, max_history=12))
+
+
+def _requests() -> list[RecommendRequest]:
+    return [
+        RecommendRequest([3, 17, 8]),
+        RecommendRequest([1], user_vector=[0.5, -1.0, 0.2]),
+        RecommendRequest([5, 6, 7, 8, 9, 10, 11, 12, 13, 14], exclude=[0, 1, 2, 40]),
+        RecommendRequest([20, 21], allow=[4, 9, 30, 31, 55]),
+    ]
+
+
+def _with_delta(engine: Engine) -> None:
+    # retired items and moved / new items in the catalog's delta part
+    cat = engine.catalog
+    free = [c for c in torch.cartesian_prod(*[torch.arange(k) for k in SIZES]).tolist()
+            if int(cat.lookup(torch.tensor(c))) < 0]
+    engine.set_catalog(cat.updated([(N_ITEMS, free[0]), (7, free[1])], retire=[3, 26]))
+
+
+def _reference(engine: Engine, requests: list[RecommendRequest], width: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    cat = engine.catalog
+    prompts = cat.prompts([list(r.history) for r in requests],
+                          [r.user_vector is not None for r in requests])
+    batch = engine.pack(prompts, [[] for _ in prompts], [r.user_vector for r in requests],
+                        require_branches=False)
+    filters = cat.search_filters([r.allow for r in requests], [r.exclude for r in requests])
+    out = reordering_search(engine.model, cat.parts(), filters, cat.level_offsets,
+                            engine.embed(batch), batch.layout, batch.prefix_last, width)
+    return out.items, out.scores
+
+
+@pytest.mark.parametrize("delta", [False, True])
+@pytest.mark.parametrize("width", [1, 5, 32])
+def test_search_equals_the_reordering_search(attention_path: str, width: int,
+                                             delta: bool) -> None:
+    engine = _engine()
+    if delta:
+        _with_delta(engine)
+    requests = _requests()
+    items, scores = _reference(engine, requests, width)
+    got = engine.recommend(requests, BeamParams(width, width))
+    for r, rec in enumerate(got):
+        keep = items[r] >= 0
+        assert rec.items == items[r][keep].tolist()
+        if attention_path == "native":  # the same kernel over the same keys: bit for bit
+            assert rec.scores == scores[r][keep].tolist()
+        else:  # one softmax over both key sets instead of a log-sum-exp merge
+            assert torch.allclose(torch.tensor(rec.scores), scores[r][keep], atol=1e-5)
+
+
+def test_request_buckets_pad_without_changing_results() -> None:
+    exact, padded = _engine(), _engine(search_request_buckets=(2, 8))
+    params = BeamParams(6, 6)
+    for n in (1, 3, 4):
+        want = exact.recommend(_requests()[:n], params)
+        got = padded.recommend(_requests()[:n], params)
+        assert [r.items for r in got] == [r.items for r in want]
+        for a, b in zip(got, want, strict=True):
+            assert torch.allclose(torch.tensor(a.scores), torch.tensor(b.scores), atol=1e-6)
+    rows = sorted(b.requests for b in padded.searches._buffers.values())
+    assert rows == [2, 8]  # 1 -> 2, 3 and 4 -> 8
+    # above the largest bucket: its own size
+    many = padded.recommend(_requests() * 3, params)
+    assert [r.items for r in many] == [r.items for r in exact.recommend(_requests() * 3, params)]
+    assert 12 in {b.requests for b in padded.searches._buffers.values()}
+
+
+def test_buffers_are_reused_across_calls() -> None:
+    engine = _engine()
+    params = BeamParams(4, 4)
+    first = engine.recommend(_requests()[:2], params)
+    [buffers] = engine.searches._buffers.values()
+    pointers = [t.data_ptr() for t in buffers.cache.prefix_k + buffers.cache.branch_v]
+    # other prompts of the same shape bucket: the same buffers and runner
+    other = [RecommendRequest([9, 10, 11]), RecommendRequest([2, 4])]
+    engine.recommend(other, params)
+    assert list(engine.searches._buffers.values()) == [buffers]
+    assert len(engine.searches._runners) == 1
+    assert [t.data_ptr() for t in buffers.cache.prefix_k + buffers.cache.branch_v] == pointers
+    assert [r.items for r in engine.recommend(_requests()[:2], params)] == [
+        r.items for r in first]
+    # a new catalog version: a new runner (its tries), the same buffers
+    _with_delta(engine)
+    engine.recommend(_requests()[:2], params)
+    assert list(engine.searches._buffers.values()) == [buffers]
+    assert len(engine.searches._runners) == 2
+
+
+def test_runners_are_bounded() -> None:
+    engine = _engine(max_search_runners=2)
+    for width in (2, 3, 4):
+        engine.recommend(_requests()[:1], BeamParams(width, 1))
+    assert len(engine.searches._buffers) == 2 and len(engine.searches._runners) == 2
+    assert {b.width for b in engine.searches._buffers.values()} == {3, 4}
+
+
+def test_buckets() -> None:
+    assert bucket(3, None) == 3 and bucket(3, (1, 2, 4)) == 4 and bucket(5, (1, 2, 4)) is None
+    assert [prefix_bucket(n) for n in (1, 64, 65, 200)] == [64, 64, 128, 256]
+
+
+@pytest.mark.parametrize("graphs_like", [False, True])
+def test_search_reads_nothing_back_to_the_host(monkeypatch: pytest.MonkeyPatch,
+                                               graphs_like: bool) -> None:
+    # the path a GPU takes (portable attention), under the trap from the prompt forward to
+    # the [R, width] result; filters and the delta part included
+    from genrec.model import attention
+    from genrec.utils.sync_trap import HostSyncError, no_host_sync
+
+    monkeypatch.setattr(attention, "cascade_attention_op", lambda: None)
+    engine = _engine(search_request_buckets=(8,) if graphs_like else None)
+    _with_delta(engine)
+    requests = _requests()
+    want = engine.recommend(requests, BeamParams(8, 8))  # warm: probes, memoised layouts
+    prepared = engine.prepare_recommend(requests, BeamParams(8, 8))
+    cat, batch = prepared.catalog, prepared.batch
+    args = (cat.parts(), prepared.filters, cat.level_offsets, engine.embed(batch),
+            batch.layout.prefix_len.tolist(), batch.prefix_last, 8)
+    with no_host_sync():
+        out = engine.searches.search(*args)
+    for r, rec in enumerate(want):
+        assert out.items[r][: len(rec.items)].tolist() == rec.items
+    with pytest.raises(HostSyncError), no_host_sync():
+        out.items.tolist()

@@ -1,0 +1,250 @@
+"""CUDA: beam search and scoring on a GPU equal the CPU engine's, CUDA graphs equal eager runs,
+graph replays stay correct when the inputs change, and the search levels do no host sync.
+
+Tiny random models (seconds on a GPU). Every test is skipped where torch sees no CUDA device;
+``EngineConfig.cuda_graphs`` and ``genrec.utils.sync_trap`` are skipped around where absent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import pytest
+import torch
+
+from genrec import (
+    BeamParams,
+    Engine,
+    EngineConfig,
+    RecommendRequest,
+    ScoreParams,
+    ScoreRequest,
+)
+from genrec.catalog.item_table import ItemTable
+from genrec.catalog.semantic_ids import SemanticIndex
+from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
+from genrec.model import ModelConfig, build_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA device (torch.cuda.is_available() is False)")
+
+SIZES = [8, 6, 5]  # three levels; the first has fewer codes than the beam width below
+N_ITEMS = 150
+USER_DIM = 5
+PARAMS = BeamParams(beam_width=16, n=10)
+HAS_GRAPH_FLAG = "cuda_graphs" in {f.name for f in dataclasses.fields(EngineConfig)}
+needs_graph_flag = pytest.mark.skipif(not HAS_GRAPH_FLAG,
+                                      reason="EngineConfig has no cuda_graphs field yet")
+
+
+def _config(graphs: bool | None = None) -> EngineConfig:
+    if graphs is None or not HAS_GRAPH_FLAG:
+        return EngineConfig(soft_token_id=SOFT_ID)
+    return EngineConfig(soft_token_id=SOFT_ID, cuda_graphs=graphs)
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    """fp32 products in fp32 on the GPU (the comparisons with the CPU assume it)."""
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(old)
+
+
+@pytest.fixture(scope="module")
+def vocab() -> SidVocab:
+    g = torch.Generator().manual_seed(0)
+    all_ids = torch.cartesian_prod(*[torch.arange(k) for k in SIZES])
+    pick = torch.randperm(all_ids.shape[0], generator=g)[:N_ITEMS]
+    return SidVocab(SemanticIndex(all_ids[pick], SIZES), max_history=12)
+
+
+def _model() -> torch.nn.Module:
+    """The same random model on every call (built on the CPU, fp32): copies for each device
+    without deep-copying a model the CPU engine has packed weights into."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=NUM_SPECIAL + sum(SIZES), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=8, user_dim=USER_DIM, max_position_embeddings=128)
+    model = build_model(cfg)
+    with torch.no_grad():  # sharper distributions than the default init: clear top items
+        model.lm_head.weight.mul_(20)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def cpu_model() -> torch.nn.Module:
+    return _model()
+
+
+@pytest.fixture(scope="module")
+def cuda_model() -> torch.nn.Module:
+    return _model().to("cuda")
+
+
+def _requests(seed: int = 0, count: int = 3) -> list[RecommendRequest]:
+    """Requests of different prompt lengths, a user vector, an exclude and an allow list (3
+    requests: the GPU pads them to a bucket of 4)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def history(n: int) -> list[int]:
+        return torch.randint(0, N_ITEMS, (n,), generator=g).tolist()
+
+    reqs = [
+        RecommendRequest(history=history(7)),
+        RecommendRequest(history=history(2), user_vector=torch.randn(USER_DIM, generator=g)),
+        RecommendRequest(history=history(12), exclude=history(20)),
+        RecommendRequest(history=history(4), allow=sorted(set(history(30)))),
+    ]
+    return reqs[:count]
+
+
+def _assert_same(got, want, atol: float = 1e-4) -> None:  # noqa: ANN001 - Recommendation lists
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.items == w.items
+        assert torch.allclose(torch.tensor(g.scores), torch.tensor(w.scores), atol=atol,
+                              rtol=1e-5)
+
+
+@pytest.mark.parametrize("graphs", [True, False] if HAS_GRAPH_FLAG else [None])
+@pytest.mark.parametrize("count", [1, 3, 4])
+def test_recommend_on_cuda_equals_cpu(cpu_model, cuda_model, vocab, graphs, count) -> None:  # noqa: ANN001
+    cpu = Engine(cpu_model, config=_config(), vocab=vocab)
+    gpu = Engine(cuda_model, config=_config(graphs), vocab=vocab)
+    reqs = _requests(count=count)
+    want = cpu.recommend(reqs, PARAMS)
+    got = gpu.recommend(reqs, PARAMS)
+    assert all(len(r.items) > 0 for r in got)
+    _assert_same(got, want)
+
+
+@needs_graph_flag
+def test_graphs_equal_eager_and_replays_follow_new_inputs(cuda_model, vocab) -> None:  # noqa: ANN001
+    graphs = Engine(cuda_model, config=_config(True), vocab=vocab)
+    eager = Engine(cuda_model, config=_config(False), vocab=vocab)
+    first, second = _requests(seed=0), _requests(seed=1)
+    want_first, want_second = eager.recommend(first, PARAMS), eager.recommend(second, PARAMS)
+    _assert_same(graphs.recommend(first, PARAMS), want_first, atol=1e-5)
+    # the same shape again: a replay, over the same inputs and over new ones
+    _assert_same(graphs.recommend(first, PARAMS), want_first, atol=1e-5)
+    _assert_same(graphs.recommend(second, PARAMS), want_second, atol=1e-5)
+    _assert_same(graphs.recommend(first, PARAMS), want_first, atol=1e-5)
+    runners = getattr(getattr(graphs, "searches", None), "_runners", None)
+    if runners is not None:  # the engine's runner pool: a graph was captured and kept
+        assert any(getattr(r, "graph", None) is not None for r in runners.values())
+
+
+@needs_graph_flag
+def test_graphs_in_bf16_equal_eager(vocab) -> None:  # noqa: ANN001
+    model = _model().to("cuda", torch.bfloat16)
+    reqs = _requests(count=4)
+    eager = Engine(model, config=_config(False), vocab=vocab).recommend(reqs, PARAMS)
+    engine = Engine(model, config=_config(True), vocab=vocab)
+    for _ in range(2):
+        got = engine.recommend(reqs, PARAMS)
+        for g, e in zip(got, eager, strict=True):
+            assert g.items and all(0 <= i < N_ITEMS for i in g.items)
+            assert g.items[:3] == e.items[:3]
+            assert torch.allclose(torch.tensor(g.scores[:3]), torch.tensor(e.scores[:3]),
+                                  atol=5e-2)
+
+
+def test_sync_trap_catches_a_host_sync() -> None:
+    trap = pytest.importorskip("genrec.utils.sync_trap", reason="genrec.utils.sync_trap absent")
+    x = torch.ones(3, device="cuda")
+    with pytest.raises(trap.HostSyncError), trap.no_host_sync():
+        x.sum().item()
+    assert x.sum().item() == 3.0  # the trap is off again
+
+
+def test_search_levels_do_no_host_sync(cuda_model, vocab, monkeypatch) -> None:  # noqa: ANN001
+    """The levels after the prompt forward (the body a CUDA graph captures) run eagerly under
+    ``no_host_sync()`` inside ``Engine.recommend``."""
+    trap = pytest.importorskip("genrec.utils.sync_trap", reason="genrec.utils.sync_trap absent")
+    beam = pytest.importorskip("genrec.engine.beam")
+    inner = getattr(beam, "search_levels", None)
+    if inner is None:
+        pytest.skip("genrec.engine.beam has no search_levels (the hook for the trap)")
+    calls = []
+
+    def trapped(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls.append(1)
+        with trap.no_host_sync():
+            return inner(*args, **kwargs)
+
+    # every genrec module that holds the function by name (the runner imports it)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("genrec.") and getattr(module, "search_levels", None) is inner:
+            monkeypatch.setattr(module, "search_levels", trapped)
+    engine = Engine(cuda_model, config=_config(False), vocab=vocab)
+    got = engine.recommend(_requests(count=4), PARAMS)
+    if not calls:
+        pytest.skip("Engine.recommend did not go through search_levels")
+    assert all(r.items for r in got)
+
+
+def _scoring_setup(cpu_model: torch.nn.Module, mode: str):  # noqa: ANN202
+    """Two users over the generative model's text tokens plus an item table (DuoLM-style
+    virtual tokens, 2 per item); 'loglik' candidates are text (it scores text tokens only)."""
+    g = torch.Generator().manual_seed(3)
+    vocab_size = cpu_model.config.vocab_size
+    table = ItemTable(0.5 * torch.randn(40, 2, cpu_model.config.hidden_size, generator=g))
+
+    def item(i: int) -> list[int]:
+        return [vocab_size + 2 * i, vocab_size + 2 * i + 1]
+
+    reqs = []
+    for n_hist, n_cand in ((6, 9), (3, 17)):
+        hist = torch.randint(0, 40, (n_hist,), generator=g).tolist()
+        prefix = [0] + [t for i in hist for t in item(i)] + [2]
+        if mode == "loglik":
+            cands = [torch.randint(3, vocab_size, (1 + j % 4,), generator=g).tolist()
+                     for j in range(n_cand)]
+        else:
+            cands = [item(i) + ([5] if i % 3 == 0 else [])
+                     for i in torch.randint(0, 40, (n_cand,), generator=g).tolist()]
+        reqs.append(ScoreRequest(prefix=prefix, candidates=cands))
+    return table, reqs
+
+
+@pytest.mark.parametrize("mode", ["labels", "loglik"])
+def test_scoring_on_cuda_equals_cpu(cpu_model, cuda_model, mode) -> None:  # noqa: ANN001
+    table, reqs = _scoring_setup(cpu_model, mode)
+    params = ScoreParams(mode=mode, label_token_ids=[3, 4] if mode == "labels" else None)
+    cpu = Engine(cpu_model, item_table=table)
+    gpu = Engine(cuda_model, item_table=table, config=_config(True))
+    want = cpu.score_requests(reqs, params)
+    got = gpu.score_requests(reqs, params)
+    for g, w in zip(got, want, strict=True):
+        assert g.device.type == "cpu" and g.shape == w.shape
+        assert torch.allclose(g, w, atol=1e-4, rtol=1e-5)
+    # one user alone scores as in the batch
+    alone = gpu.score_requests(reqs[1:], params)[0]
+    assert torch.allclose(alone, got[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("masked", [False, True])
+def test_fused_cuda_attention_equals_the_math_path(dtype: torch.dtype, masked: bool) -> None:
+    from genrec.model.attend import attend, attend_math, cuda_fused_ok
+
+    assert cuda_fused_ok(torch.device("cuda", torch.cuda.current_device()), dtype)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(3, h, 50, 64, generator=g, device="cuda", dtype=dtype)
+               for h in (8, 2, 2))
+    mask = None
+    if masked:  # additive, keys beyond each row's used length masked
+        used = torch.tensor([50, 31, 7], device="cuda")
+        keep = torch.arange(50, device="cuda")[None, :] < used[:, None]
+        mask = torch.zeros(3, 1, 1, 50, device="cuda", dtype=dtype).masked_fill(
+            ~keep[:, None, None, :], float("-inf")).expand(3, 1, 50, 50)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    with torch.inference_mode():
+        for causal in (False, True):
+            out, lse = attend(q, k, v, mask, causal, 0.125)
+            ref, ref_lse = attend_math(q, k, v, mask, causal, 0.125)
+            assert torch.allclose(out.float(), ref.float(), atol=tol)
+            assert torch.allclose(lse, ref_lse, atol=tol)
