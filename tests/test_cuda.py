@@ -248,3 +248,41 @@ def test_fused_cuda_attention_equals_the_math_path(dtype: torch.dtype, masked: b
             ref, ref_lse = attend_math(q, k, v, mask, causal, 0.125)
             assert torch.allclose(out.float(), ref.float(), atol=tol)
             assert torch.allclose(lse, ref_lse, atol=tol)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_whole_search_reads_nothing_back(cuda_model, vocab, graphs: bool) -> None:  # noqa: ANN001
+    """From the prompt forward to the [R, width] result on the device, a search (after one
+    warm-up call of its shape: memoised layouts moved once, graph captured) does no host sync
+    and no blocking copy (``set_sync_debug_mode("error")`` under the trap)."""
+    from genrec.utils.sync_trap import no_host_sync
+
+    engine = Engine(cuda_model, config=_config(graphs), vocab=vocab)
+    reqs = _requests(count=3)
+    want = engine.recommend(reqs, PARAMS)
+    prepared = engine.prepare_recommend(reqs, PARAMS)
+    cat, batch = prepared.catalog, prepared.batch
+    args = (cat.parts(), prepared.filters, cat.level_offsets, engine.embed(batch),
+            batch.layout.prefix_len.tolist(), batch.prefix_last.to("cuda"), PARAMS.beam_width)
+    torch.cuda.synchronize()
+    with no_host_sync():
+        out = engine.searches.search(*args)
+    for r, rec in enumerate(want):
+        assert out.items[r][: len(rec.items)].tolist() == rec.items
+
+
+def test_graphs_follow_catalog_updates(cuda_model, cpu_model, vocab) -> None:  # noqa: ANN001
+    """A captured graph is never replayed over another catalog: after an update (items
+    retired, one moved to the delta) the search reads the new tries (a new runner, captured
+    for them) and equals the CPU engine on the same state."""
+    gpu = Engine(cuda_model, config=_config(True), vocab=vocab)
+    cpu = Engine(cpu_model, config=_config(), vocab=vocab)
+    reqs = _requests(count=4)
+    before = gpu.recommend(reqs, PARAMS)
+    gone = sorted({i for r in before for i in r.items[:2]})
+    for engine in (gpu, cpu):
+        engine.set_catalog(engine.catalog.updated(retire=gone))
+    after = gpu.recommend(reqs, PARAMS)
+    assert not {i for r in after for i in r.items} & set(gone)
+    _assert_same(after, cpu.recommend(reqs, PARAMS))
+    assert len(gpu.searches._runners) == 2

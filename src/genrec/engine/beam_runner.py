@@ -97,7 +97,8 @@ class BeamRunner:
     def __init__(self, model: DecoderLM, buffers: SearchBuffers, parts: list[SemanticTrie],
                  level_offsets: list[int], lists: list[list[LevelLists]],
                  restricted: list[torch.Tensor | None], graph: bool,
-                 pool: object | None = None) -> None:
+                 pool: object | None = None, capture_lock: threading.Lock | None = None
+                 ) -> None:
         # lists: padded to the buffers' rows (:func:`padded_lists`); copied in by load
         self.model, self.buffers, self.parts = model, buffers, parts
         self.level_offsets = list(level_offsets)
@@ -108,6 +109,7 @@ class BeamRunner:
                                                               device=model.device)
                            for r in restricted]
         self.use_graph, self.pool = graph, pool
+        self.capture_lock = capture_lock or threading.Lock()
         self.graph: torch.cuda.CUDAGraph | None = None
         self.items = torch.full((rows, buffers.width), -1, dtype=torch.long,
                                 device=model.device)
@@ -144,6 +146,12 @@ class BeamRunner:
         return BeamResult(self.items, self.scores)
 
     def _capture(self) -> None:
+        # under the capture lock: no other thread of this engine issues device work while a
+        # stream captures (see RunnerPool.capture_lock)
+        with self.capture_lock:
+            self._capture_now()
+
+    def _capture_now(self) -> None:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up: lazily built weights and kernels
@@ -187,6 +195,9 @@ class RunnerPool:
         self._lock = threading.Lock()
         self._buffers: OrderedDict[tuple, SearchBuffers] = OrderedDict()
         self._runners: OrderedDict[tuple, BeamRunner] = OrderedDict()
+        # held while a graph is captured; a thread preparing batches on the same device (the
+        # server's overlap) takes it around its device work
+        self.capture_lock = threading.Lock()
         self._pool = None
         if config.graphs:
             self._pool = torch.cuda.graph_pool_handle()
@@ -211,7 +222,7 @@ class RunnerPool:
         found = self._runners.pop(key, None)
         if found is None:
             found = BeamRunner(self.model, buffers, parts, level_offsets, lists, restricted,
-                               graph, self._pool)
+                               graph, self._pool, self.capture_lock)
         self._runners[key] = found
         while len(self._runners) > self.config.max_runners:
             self._runners.popitem(last=False)

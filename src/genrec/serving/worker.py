@@ -196,6 +196,10 @@ class Worker:
         batches are prepared; others run whole in :meth:`finish`."""
         if type(message) not in self._handlers:
             raise TypeError(f"unknown message {message!r}")
+        with self.engine.searches.capture_lock:  # no device work while a graph is captured
+            return self._prepare(message, payloads)
+
+    def _prepare(self, message: Message, payloads: list[Any]) -> PreparedBatch:
         if isinstance(message, RecommendBatch):
             version, state = (self.catalog.snapshot() if self.catalog is not None
                               else (self.catalog_version, None))
