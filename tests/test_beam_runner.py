@@ -155,3 +155,19 @@ def test_search_reads_nothing_back_to_the_host(monkeypatch: pytest.MonkeyPatch,
         assert out.items[r][: len(rec.items)].tolist() == rec.items
     with pytest.raises(HostSyncError), no_host_sync():
         out.items.tolist()
+
+
+def test_buffers_are_bounded_in_bytes() -> None:
+    one = _engine()
+    one.recommend(_requests()[:1], BeamParams(4, 1))
+    [first] = one.searches._buffers.values()
+    # room for one set only: the next shape drops the first (and its runner)
+    engine = _engine(max_search_buffer_bytes=first.nbytes())
+    engine.recommend(_requests()[:1], BeamParams(4, 1))
+    engine.recommend(_requests()[:2], BeamParams(4, 1))
+    assert [b.requests for b in engine.searches._buffers.values()] == [2]
+    assert all(r.buffers.requests == 2 for r in engine.searches._runners.values())
+    # a set above the bound still runs
+    tiny = _engine(max_search_buffer_bytes=1)
+    assert tiny.recommend(_requests(), BeamParams(4, 2))[0].items
+    assert len(tiny.searches._buffers) == 1

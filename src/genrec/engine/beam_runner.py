@@ -169,11 +169,13 @@ class BeamRunner:
 class RunnerConfig:
     """``request_buckets``: request counts a search is padded to (``None``: its own count);
     ``graphs``: capture runners as CUDA graphs (CUDA only); ``max_runners``: runners (and
-    buffer sets) kept, least recently used dropped."""
+    buffer sets) kept, least recently used dropped; ``max_bytes``: the most bytes of buffer
+    sets kept (a search larger than that still runs, on buffers dropped by the next shape)."""
 
     request_buckets: tuple[int, ...] | None = None
     graphs: bool = False
     max_runners: int = 8
+    max_bytes: int = 2 << 30
 
 
 def runner_config(config: EngineConfig, device: torch.device) -> RunnerConfig:
@@ -183,7 +185,7 @@ def runner_config(config: EngineConfig, device: torch.device) -> RunnerConfig:
     if buckets is None and cuda:
         buckets = GPU_REQUEST_BUCKETS
     return RunnerConfig(tuple(buckets) if buckets else None, cuda and config.cuda_graphs,
-                        config.max_search_runners)
+                        config.max_search_runners, config.max_search_buffer_bytes)
 
 
 class RunnerPool:
@@ -204,13 +206,32 @@ class RunnerPool:
 
     def buffers(self, requests: int, width: int, prefix_cap: int, levels: int
                 ) -> SearchBuffers:
+        """The buffers of a search shape (made now if not kept). Kept: at most
+        ``max_runners`` sets and ``max_bytes`` in all (least recently used dropped first,
+        with their runners; the newest set stays, whatever its size)."""
         key = (requests, width, prefix_cap, levels)
-        found = self._buffers.pop(key, None) or SearchBuffers(self.model, requests, width,
-                                                             prefix_cap, levels)
+        found = self._buffers.pop(key, None)
+        if found is None:
+            self._evict(self.config.max_runners - 1, self.config.max_bytes)
+            found = SearchBuffers(self.model, requests, width, prefix_cap, levels)
         self._buffers[key] = found
-        while len(self._buffers) > self.config.max_runners:
-            self._buffers.popitem(last=False)
+        self._evict(self.config.max_runners, self.config.max_bytes, keep=found)
         return found
+
+    def _evict(self, count: int, max_bytes: int, keep: SearchBuffers | None = None) -> None:
+        # drop least recently used buffer sets (and the runners over them) until at most
+        # ``count`` sets of at most ``max_bytes`` in all are kept (``keep`` always stays)
+        def over() -> bool:
+            total = sum(b.nbytes() for b in self._buffers.values())
+            return len(self._buffers) > count or total > max_bytes
+
+        while self._buffers and over():
+            key, oldest = next(iter(self._buffers.items()))
+            if oldest is keep:
+                break
+            del self._buffers[key]
+            for rkey in [k for k, r in self._runners.items() if r.buffers is oldest]:
+                del self._runners[rkey]
 
     def runner(self, buffers: SearchBuffers, parts: list[SemanticTrie],
                level_offsets: list[int], lists: list[list[LevelLists]],

@@ -63,7 +63,8 @@ class EngineConfig:
     ``cuda_graphs`` captures each as a CUDA graph on a GPU (``False``: the same runners,
     eager); ``search_request_buckets`` are the request counts a search is padded to (default:
     powers of two up to 64 on CUDA, none on the CPU, where padding only costs);
-    ``max_search_runners`` runners are kept (least recently used dropped).
+    ``max_search_runners`` runners and at most ``max_search_buffer_bytes`` of their buffers
+    are kept (least recently used dropped).
     """
 
     max_batch_tokens: int = 65536
@@ -72,6 +73,7 @@ class EngineConfig:
     cuda_graphs: bool = True
     search_request_buckets: tuple[int, ...] | None = None
     max_search_runners: int = 8
+    max_search_buffer_bytes: int = 2 << 30
 
 
 MAX_BEAM_WIDTH = 1024
