@@ -286,3 +286,23 @@ def test_graphs_follow_catalog_updates(cuda_model, cpu_model, vocab) -> None:  #
     assert not {i for r in after for i in r.items} & set(gone)
     _assert_same(after, cpu.recommend(reqs, PARAMS))
     assert len(gpu.searches._runners) == 2
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_grid_scoring_on_cuda_equals_cpu(cpu_model, cuda_model, graphs: bool) -> None:  # noqa: ANN001
+    """DuoLM-style candidates of one length run on a fixed grid on CUDA (captured with
+    graphs), replays follow new inputs, and equal the CPU's packed path."""
+    table, reqs = _scoring_setup(cpu_model, "labels")
+    reqs = [ScoreRequest(r.prefix, [c[:2] for c in r.candidates]) for r in reqs]
+    params = ScoreParams(mode="labels", label_token_ids=[3, 4])
+    cpu = Engine(cpu_model, item_table=table)
+    gpu = Engine(cuda_model, item_table=table, config=_config(graphs))
+    assert gpu.scorers.enabled
+    for batch in (reqs, reqs[::-1], reqs[:1]):
+        want = cpu.score_requests(batch, params)
+        got = gpu.score_requests(batch, params)
+        for g, w in zip(got, want, strict=True):
+            assert torch.allclose(g, w, atol=1e-4, rtol=1e-5)
+    assert gpu.scorers._runners
+    if graphs:
+        assert all(r.graph is not None for r in gpu.scorers._runners.values())

@@ -34,6 +34,7 @@ from genrec.engine.beam import (
 )
 from genrec.model.decoder import DecoderLM
 from genrec.model.kv_cache import KVCache
+from genrec.utils.cuda_graphs import capture
 
 if TYPE_CHECKING:
     from genrec.engine.params import EngineConfig
@@ -152,17 +153,12 @@ class BeamRunner:
             self._capture_now()
 
     def _capture_now(self) -> None:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: lazily built weights and kernels
-            self._levels()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        def step() -> None:
             out = self._levels()
             self.items.copy_(out.items)
             self.scores.copy_(out.scores)
-        self.graph = graph
+
+        self.graph = capture(step, self.pool)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from genrec.engine.params import (
     ScoreRequest,
 )
 from genrec.engine.retrieval import PreparedSearch, prepare_search, run_search
+from genrec.engine.score_runner import ScoreRunnerPool
 from genrec.engine.scoring import read_scores
 from genrec.generative.vocab import SOFT_ID, SidVocab
 from genrec.kernels import cascade_attention_op
@@ -51,6 +52,8 @@ class Engine:
         self.item_table: ItemTable | None = None
         self.catalog: CatalogState | None = None  # the generative catalog, swapped whole
         self.searches = RunnerPool(self.model, runner_config(self.config, self.model.device))
+        # one capture lock for both: the server's preparing thread takes it (see Worker)
+        self.scorers = ScoreRunnerPool(self.model, self.config, self.searches.capture_lock)
         if item_table is not None:
             self.set_item_table(item_table)
         if vocab is not None:
@@ -225,10 +228,14 @@ class Engine:
         model, params = self.model, prepared.params
         results: list[torch.Tensor] = []
         for batch in prepared.batches:
-            hidden = forward_chunked(model, self.embed(batch, prepared.table), batch,
-                                     self.config.chunk_tokens,
-                                     last_only=params.mode != "loglik")
-            scores = read_scores(model, hidden, batch, params).cpu()
+            embeds = self.embed(batch, prepared.table)
+            grid = self.scorers.key(batch, params)
+            if grid is not None:  # one length of candidates: a fixed grid (a graph on CUDA)
+                scores = self.scorers.score(grid, batch, embeds).cpu()
+            else:
+                hidden = forward_chunked(model, embeds, batch, self.config.chunk_tokens,
+                                         last_only=params.mode != "loglik")
+                scores = read_scores(model, hidden, batch, params).cpu()
             results.extend(torch.split(scores, batch.branch_counts))
         return results
 

@@ -64,7 +64,9 @@ class EngineConfig:
     eager); ``search_request_buckets`` are the request counts a search is padded to (default:
     powers of two up to 64 on CUDA, none on the CPU, where padding only costs);
     ``max_search_runners`` runners and at most ``max_search_buffer_bytes`` of their buffers
-    are kept (least recently used dropped).
+    are kept (least recently used dropped). ``score_runners``: scoring batches whose
+    candidates have one length run on fixed grids (``genrec.engine.score_runner``; captured
+    too with ``cuda_graphs``); default: on CUDA only.
     """
 
     max_batch_tokens: int = 65536
@@ -74,6 +76,7 @@ class EngineConfig:
     search_request_buckets: tuple[int, ...] | None = None
     max_search_runners: int = 8
     max_search_buffer_bytes: int = 2 << 30
+    score_runners: bool | None = None
 
 
 MAX_BEAM_WIDTH = 1024

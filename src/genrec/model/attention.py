@@ -21,6 +21,7 @@ from genrec.model.beam_step import BeamStepLayout, step_attention_portable
 from genrec.model.kv_cache import take_rows
 from genrec.model.layers import inv_rms, norm_rotary
 from genrec.model.layout import AttentionLayout
+from genrec.model.score_grid import ScoreGridLayout, grid_attention_portable
 
 _NEG_INF = float("-inf")
 # Native kernel: query rows per run, and the most keys a run may see (its score buffer is
@@ -97,7 +98,7 @@ def prefix_branch_attention(
     q: torch.Tensor,
     prefix_k: torch.Tensor, prefix_v: torch.Tensor,
     branch_k: torch.Tensor, branch_v: torch.Tensor,
-    layout: AttentionLayout | BeamStepLayout, scale: float,
+    layout: AttentionLayout | BeamStepLayout | ScoreGridLayout, scale: float,
     q_transform: QueryTransform | None = None,
 ) -> torch.Tensor:
     """Attention of the packed queries ``q`` [T, H, D] under ``layout``; returns [T, H, D].
@@ -111,6 +112,9 @@ def prefix_branch_attention(
     if isinstance(layout, BeamStepLayout):
         return beam_step_attention(q, prefix_k, prefix_v, branch_k, branch_v, layout, scale,
                                    q_transform)
+    if isinstance(layout, ScoreGridLayout):
+        return score_grid_attention(q, prefix_k, prefix_v, branch_k, branch_v, layout, scale,
+                                    q_transform)
     caches = (prefix_k, prefix_v, branch_k, branch_v)
     if _native_applies(q, caches):
         runs, most_keys = layout.query_runs(_RUN_ROWS)
@@ -181,6 +185,21 @@ def beam_step_attention(
     if q_transform is not None:
         q = q_transform.apply(q)
     return step_attention_portable(q, prefix_k, prefix_v, tail_k, tail_v, layout, scale)
+
+
+def score_grid_attention(
+    q: torch.Tensor, prefix_k: torch.Tensor, prefix_v: torch.Tensor, own_k: torch.Tensor,
+    own_v: torch.Tensor, layout: ScoreGridLayout, scale: float,
+    q_transform: QueryTransform | None = None,
+) -> torch.Tensor:
+    """A score grid's attention (:mod:`genrec.model.score_grid`): the native kernel on the
+    CPU, else the portable products."""
+    caches = (prefix_k, prefix_v, own_k, own_v)
+    if _native_applies(q, caches) and layout.most_keys() <= _RUN_MAX_KEYS:
+        return _native_attention(q, caches, layout.runs(), scale, q_transform)
+    if q_transform is not None:
+        q = q_transform.apply(q)
+    return grid_attention_portable(q, prefix_k, prefix_v, own_k, own_v, layout, scale)
 
 
 def _native_applies(q: torch.Tensor, caches: tuple[torch.Tensor, ...]) -> bool:

@@ -102,41 +102,58 @@ def step_attention_portable(
 ) -> torch.Tensor:
     """Attention of one beam step on any device: q [NB, H, D] against its request's prefix
     keys (masked beyond ``prefix_len``: fixed-capacity buffers, used lengths) and its own tail
-    (gathered through the ancestry), one softmax over both; returns [NB, H, D].
+    (gathered through the ancestry), one softmax over both; returns [NB, H, D]."""
+    return branch_attention_portable(q, prefix_k, prefix_v, layout.prefix_len,
+                                     layout.tails(tail_k), layout.tails(tail_v), layout.width,
+                                     causal=False, scale=scale)
 
-    Static shapes, no host sync: the prefix part is one batched product per request (its
-    beams' queries together), the tail part a small batched product per beam."""
-    n_req, width = layout.num_requests, layout.width
-    nb, heads, dim = q.shape
-    kvh = prefix_k.shape[2]
-    groups = heads // kvh
+
+def branch_attention_portable(
+    q: torch.Tensor, prefix_k: torch.Tensor, prefix_v: torch.Tensor, used: torch.Tensor,
+    own_k: torch.Tensor, own_v: torch.Tensor, width: int, causal: bool, scale: float,
+) -> torch.Tensor:
+    """Branches of equal shape on any device, static shapes and no host sync: ``width``
+    branches per request (``NB = R * width``, request-major), each with ``Q`` query rows
+    (q [NB * Q, H, D], branch after branch) and ``L`` own keys (own_k / own_v [NB, L, Hkv,
+    D]); a query sees its request's prefix keys [R, P, Hkv, D] below ``used`` [R] and its
+    branch's own keys (``causal``: query i the first i + 1, needs Q == L; else all L). The
+    prefix part is one batched product per request (its branches' queries together), the own
+    part a small batched product per branch, one softmax over both. Returns [NB * Q, H, D]."""
+    n_req = prefix_k.shape[0]
+    nb, n_own, kvh, dim = own_k.shape
+    heads = q.shape[1]
+    groups, n_q = heads // kvh, q.shape[0] // nb
     qf = q.float() * scale
-    # prefix part: [R, Hkv, B * G, D] @ [R, Hkv, D, P] -> [R, Hkv, B * G, P]
-    qa = qf.view(n_req, width, kvh, groups, dim).permute(0, 2, 1, 3, 4)
-    qa = qa.reshape(n_req, kvh, width * groups, dim)
-    pk = prefix_k.permute(0, 2, 3, 1).float()
-    s_a = torch.matmul(qa, pk)
+    # prefix part: [R, Hkv, W * Q * G, D] @ [R, Hkv, D, P] -> [R, Hkv, W * Q * G, P]
+    qa = qf.view(n_req, width * n_q, kvh, groups, dim).permute(0, 2, 1, 3, 4)
+    s_a = torch.matmul(qa.reshape(n_req, kvh, width * n_q * groups, dim),
+                       prefix_k.permute(0, 2, 3, 1).float())
     cap = prefix_k.shape[1]
-    used = torch.arange(cap, device=q.device)[None, :] < layout.prefix_len[:, None]  # [R, P]
-    s_a = torch.where(used[:, None, None, :], s_a, _NEG_INF)
-    # tail part: [NB, Hkv, G, D] @ [NB, Hkv, D, l] -> [NB, Hkv, G, l]
-    tk = layout.tails(tail_k).permute(0, 2, 3, 1).float()
-    tv = layout.tails(tail_v).permute(0, 2, 1, 3).float()  # [NB, Hkv, l, D]
-    qb = qf.view(nb, kvh, groups, dim)
-    s_b = torch.matmul(qb, tk)
-    # one softmax over both key sets (the tail always holds the beam's own token)
-    m_a = s_a.amax(dim=-1).view(n_req, kvh, width, groups).permute(0, 2, 1, 3)
-    m_a = m_a.reshape(nb, kvh, groups)
-    top = torch.maximum(m_a, s_b.amax(dim=-1))  # [NB, Hkv, G], finite
-    top_a = top.view(n_req, width, kvh, groups).permute(0, 2, 1, 3).reshape(
-        n_req, kvh, width * groups)
+    seen = torch.arange(cap, device=q.device)[None, :] < used[:, None]  # [R, P]
+    s_a = torch.where(seen[:, None, None, :], s_a, _NEG_INF)
+    # own part: [NB, Hkv, Q * G, D] @ [NB, Hkv, D, L] -> [NB, Hkv, Q * G, L]
+    qb = qf.view(nb, n_q, kvh, groups, dim).permute(0, 2, 1, 3, 4).reshape(
+        nb, kvh, n_q * groups, dim)
+    s_b = torch.matmul(qb, own_k.permute(0, 2, 3, 1).float())
+    if causal:
+        rows = torch.arange(n_q, device=q.device).repeat_interleave(groups)  # [Q * G]
+        keys = torch.arange(n_own, device=q.device)
+        s_b = s_b.masked_fill(keys[None, :] > rows[:, None], _NEG_INF)
+
+    def per_branch(t: torch.Tensor) -> torch.Tensor:
+        # [R, Hkv, W * Q * G, ...] -> [NB, Hkv, Q * G, ...]
+        rest = t.shape[3:]
+        t = t.view(n_req, kvh, width, n_q * groups, *rest).transpose(1, 2)
+        return t.reshape(nb, kvh, n_q * groups, *rest)
+
+    # one softmax over both key sets (a query always sees its own first key)
+    top = torch.maximum(per_branch(s_a.amax(dim=-1)), s_b.amax(dim=-1))  # [NB, Hkv, Q * G]
+    top_a = top.view(n_req, width, kvh, n_q * groups).transpose(1, 2).reshape(
+        n_req, kvh, width * n_q * groups)
     e_a = torch.exp(s_a - top_a[..., None])
     e_b = torch.exp(s_b - top[..., None])
-    pv = prefix_v.permute(0, 2, 1, 3).float()  # [R, Hkv, P, D]
-    o_a = torch.matmul(e_a, pv).view(n_req, kvh, width, groups, dim).permute(0, 2, 1, 3, 4)
-    o_a = o_a.reshape(nb, kvh, groups, dim)
-    z_a = e_a.sum(dim=-1).view(n_req, kvh, width, groups).permute(0, 2, 1, 3).reshape(
-        nb, kvh, groups)
-    o = o_a + torch.matmul(e_b, tv)
-    z = z_a + e_b.sum(dim=-1)
-    return (o / z[..., None]).reshape(nb, heads, dim).to(q.dtype)
+    o_a = per_branch(torch.matmul(e_a, prefix_v.permute(0, 2, 1, 3).float()))
+    o = o_a + torch.matmul(e_b, own_v.permute(0, 2, 1, 3).float())
+    z = per_branch(e_a.sum(dim=-1)) + e_b.sum(dim=-1)
+    out = (o / z[..., None]).view(nb, kvh, n_q, groups, dim).permute(0, 2, 1, 3, 4)
+    return out.reshape(nb * n_q, heads, dim).to(q.dtype)

@@ -6,6 +6,7 @@ import torch
 
 from genrec.model.beam_step import BeamStepLayout
 from genrec.model.layout import AttentionLayout
+from genrec.model.score_grid import ScoreGridLayout
 
 
 class KVCache:
@@ -61,10 +62,22 @@ class KVCache:
 
     def write(
         self, layer: int, k: torch.Tensor, v: torch.Tensor,
-        layout: AttentionLayout | BeamStepLayout,
+        layout: AttentionLayout | BeamStepLayout | ScoreGridLayout,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Store the new keys/values of ``layer`` (k, v: [T, Hkv, D]); return the layer's cache.
-        A beam step writes slot ``level - 1`` of every beam row (in place: static buffers)."""
+        A beam step writes slot ``level - 1`` of every beam row (in place: static buffers); a
+        score grid fills both parts (its rows are the cache)."""
+        if isinstance(layout, ScoreGridLayout):  # every slot written: the rows themselves
+            n_p = layout.num_prefix_rows
+            prefix = (layout.num_requests, layout.prefix_cap)
+            branch = (layout.num_branches, layout.branch_len)
+            for store, src, dims in ((self.prefix_k, k[:n_p], prefix),
+                                     (self.prefix_v, v[:n_p], prefix),
+                                     (self.branch_k, k[n_p:], branch),
+                                     (self.branch_v, v[n_p:], branch)):
+                store[layer] = src.to(self._dtype).contiguous().view(dims + self._row)
+            return (self.prefix_k[layer], self.prefix_v[layer], self.branch_k[layer],
+                    self.branch_v[layer])
         if isinstance(layout, BeamStepLayout):
             slot = layout.level - 1
             self._layer(self.branch_k, layer, False)[:, slot].copy_(k)

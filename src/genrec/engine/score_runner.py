@@ -1,0 +1,159 @@
+"""Scoring on fixed grids: static buffers per grid shape, replayed as CUDA graphs on a GPU.
+
+A scoring batch whose candidates all have ``k`` tokens (DuoLM: k virtual item tokens; a
+label or head read at the last one) runs on a grid (:mod:`genrec.model.score_grid`): requests
+padded to a request bucket, prefixes to a prefix bucket, candidates per request to a power of
+two. A :class:`ScoreRunner` per grid shape and read-out holds the grid's input embeddings,
+used prefix lengths and output scores; a batch is scattered into the grid (padding rows are
+zeros: harmless, their scores dropped), the forward and read-out run (on CUDA: one captured
+graph, replayed), and each real candidate's score is gathered back. Other batches (candidates
+of several lengths, ``loglik``, grids above the bounds) take the packed path.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from genrec.engine.batch import PackedBatch
+from genrec.engine.beam_runner import GPU_REQUEST_BUCKETS, bucket, prefix_bucket
+from genrec.engine.params import EngineConfig, ScoreParams
+from genrec.model.decoder import DecoderLM
+from genrec.model.score_grid import ScoreGridLayout
+from genrec.utils.cuda_graphs import capture
+
+MAX_GRID_TOKENS = 1 << 16
+
+
+@dataclass(frozen=True)
+class GridKey:
+    """A grid's shape and read-out: what a runner (and its graph) is made for."""
+
+    requests: int
+    prefix_cap: int
+    width: int
+    branch_len: int
+    mode: str
+    labels: tuple[int, ...]
+    softmax: bool
+
+
+def grid_key(batch: PackedBatch, params: ScoreParams,
+             request_buckets: tuple[int, ...] | None) -> GridKey | None:
+    """The grid of ``batch`` (``None``: it takes the packed path)."""
+    if params.mode not in ("labels", "head") or not batch.branch_lens:
+        return None
+    k = batch.branch_lens[0]
+    if any(n != k for n in batch.branch_lens):
+        return None
+    rows = bucket(len(batch.prefix_lens), request_buckets)
+    if rows is None:
+        return None
+    width = 1 << max(max(batch.branch_counts) - 1, 0).bit_length()
+    cap = prefix_bucket(max(batch.prefix_lens))
+    if rows * (cap + width * k) > MAX_GRID_TOKENS:
+        return None
+    labels = tuple(params.label_token_ids or ()) if params.mode == "labels" else ()
+    return GridKey(rows, cap, width, k, params.mode, labels, params.apply_softmax)
+
+
+class ScoreRunner:
+    """The static buffers (and, on CUDA, the graph) of one :class:`GridKey`."""
+
+    def __init__(self, model: DecoderLM, key: GridKey, graph: bool,
+                 pool: object | None = None, capture_lock: threading.Lock | None = None
+                 ) -> None:
+        self.model, self.key, self.use_graph, self.pool = model, key, graph, pool
+        self.capture_lock = capture_lock or threading.Lock()
+        dev, hidden = model.device, model.config.hidden_size
+        tokens = key.requests * (key.prefix_cap + key.width * key.branch_len)
+        self.embeds = torch.zeros(tokens, hidden, dtype=model.dtype, device=dev)
+        self.used = torch.zeros(key.requests, dtype=torch.long, device=dev)
+        self.labels = torch.tensor(key.labels, dtype=torch.long, device=dev)
+        cols = max(len(key.labels), 1) if key.mode == "labels" else 1
+        self.out = torch.zeros(key.requests * key.width, cols, device=dev)
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.embeds, self.used, self.out))
+
+    def load(self, batch: PackedBatch, embeds: torch.Tensor) -> torch.Tensor:
+        """Scatter the packed batch's input embeddings [T, H] into the grid; returns the grid
+        row of each real candidate's score (on the device)."""
+        key, dev = self.key, self.embeds.device
+        rows, cands, prefix_rows = [], [], key.requests * key.prefix_cap
+        for r, (p_len, count) in enumerate(zip(batch.prefix_lens, batch.branch_counts,
+                                               strict=True)):
+            rows.extend(range(r * key.prefix_cap, r * key.prefix_cap + p_len))
+            first = prefix_rows + r * key.width * key.branch_len
+            rows.extend(range(first, first + count * key.branch_len))
+            cands.extend(range(r * key.width, r * key.width + count))
+        self.embeds.zero_()
+        self.embeds.index_copy_(0, torch.tensor(rows, dtype=torch.long).to(dev), embeds)
+        used = batch.prefix_lens + [0] * (key.requests - len(batch.prefix_lens))
+        self.used.copy_(torch.tensor(used, dtype=torch.long))
+        return torch.tensor(cands, dtype=torch.long).to(dev)
+
+    def _forward(self) -> torch.Tensor:
+        key, model = self.key, self.model
+        layout = ScoreGridLayout(self.used, key.prefix_cap, key.width, key.branch_len)
+        hidden = model(self.embeds, layout.positions(), layout)[layout.last_rows()]
+        if key.mode == "head":
+            return model.score_head(hidden).float()
+        picked = model.label_logits(hidden, self.labels)
+        if key.softmax:
+            return torch.softmax(picked, dim=-1)
+        return picked - model.log_normalizer(hidden)[:, None]
+
+    def run(self) -> torch.Tensor:
+        """Scores of every grid candidate [R * C, K] (K = 1 for the head), on the device."""
+        if not self.use_graph:
+            return self._forward()
+        if self.graph is None:
+            with self.capture_lock:  # no other device work of this engine meanwhile
+                self.graph = capture(lambda: self.out.copy_(self._forward()), self.pool)
+        self.graph.replay()
+        return self.out
+
+
+class ScoreRunnerPool:
+    """The grid runners of one engine (least recently used dropped past ``max_runners`` or
+    ``max_bytes``); ``enabled``: whether batches use them. One batch at a time."""
+
+    def __init__(self, model: DecoderLM, config: EngineConfig,
+                 capture_lock: threading.Lock | None = None) -> None:
+        cuda = model.device.type == "cuda"
+        self.capture_lock = capture_lock or threading.Lock()
+        self.model = model
+        self.enabled = config.score_runners if config.score_runners is not None else cuda
+        self.request_buckets = config.search_request_buckets or (
+            GPU_REQUEST_BUCKETS if cuda else None)
+        self.graphs = cuda and config.cuda_graphs
+        self.max_runners, self.max_bytes = config.max_search_runners, config.max_search_buffer_bytes
+        self._runners: OrderedDict[GridKey, ScoreRunner] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
+
+    def key(self, batch: PackedBatch, params: ScoreParams) -> GridKey | None:
+        """The grid ``batch`` runs on, ``None`` for the packed path."""
+        return grid_key(batch, params, self.request_buckets) if self.enabled else None
+
+    def score(self, key: GridKey, batch: PackedBatch, embeds: torch.Tensor) -> torch.Tensor:
+        """Scores of every candidate of ``batch`` on the grid ``key``: [NB, K] (labels) or
+        [NB] (head), fp32, on the device."""
+        with self._lock:
+            runner = self._runners.pop(key, None)
+            if runner is None:
+                runner = ScoreRunner(self.model, key, self.graphs, self._pool,
+                                     self.capture_lock)
+            self._runners[key] = runner
+            while len(self._runners) > 1 and (
+                    len(self._runners) > self.max_runners
+                    or sum(r.nbytes() for r in self._runners.values()) > self.max_bytes):
+                self._runners.popitem(last=False)
+            cands = runner.load(batch, embeds)
+            scores = runner.run()[cands]
+        return scores[:, 0] if key.mode == "head" else scores
