@@ -141,8 +141,19 @@ def train_generative(
     beam_width: Annotated[int, typer.Option(min=1)] = 20,
     seed: int = 0, resume: bool = False, device: DeviceOpt = "auto", threads: ThreadsOpt = None,
     progress: bool = True,
+    nproc: Annotated[int, typer.Option(min=1, help="Data-parallel processes on this machine "
+                                                   "(runs this command under torchrun: gloo "
+                                                   "on the CPU, NCCL on GPUs).")] = 1,
 ) -> None:
-    """Train a Qwen3-architecture generative recommender on Semantic-ID sequences."""
+    """Train a Qwen3-architecture generative recommender on Semantic-ID sequences (under
+    ``torchrun``, or with ``--nproc N``, data-parallel: each rank its shard of every batch)."""
+    import os
+    import sys
+
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        from genrec.training.distributed import launch, without_option
+
+        raise typer.Exit(code=launch(nproc, without_option(sys.argv[1:], "--nproc")))
     import torch
 
     from genrec.catalog.semantic_ids import SemanticIndex
@@ -155,6 +166,9 @@ def train_generative(
     from genrec.utils.atomic import atomic_write_json
 
     dev = resolve_device(device, threads)
+    main = os.environ.get("RANK", "0") == "0"  # under torchrun: rank 0 writes and reports
+    if str(dev).startswith("cuda") and "LOCAL_RANK" in os.environ:  # one GPU per rank
+        dev = f"cuda:{int(os.environ['LOCAL_RANK'])}"
     args = {k: str(v) if isinstance(v, Path) else v for k, v in locals().items()
             if k in train_generative.__annotations__} | dict(table or {})
     try:
@@ -192,9 +206,10 @@ def train_generative(
             beam_width, user_ids=ds.user_ids, user_vector_source=Path(user_vectors).name,
             progress=progress, item_factors=factors,
         )
-        out.mkdir(parents=True, exist_ok=True)
-        if not (resume and (out / "train_args.json").is_file()):
-            atomic_write_json(out / "train_args.json", args)
+        if main:
+            out.mkdir(parents=True, exist_ok=True)
+            if not (resume and (out / "train_args.json").is_file()):
+                atomic_write_json(out / "train_args.json", args)
         n_params = sum(p.numel() for p in model.parameters())
         typer.echo(f"{ds.name}: {ds.num_users} users, {ds.num_items} items; {len(task.lengths)} "
                    f"windows, {sum(task.lengths)} tokens/epoch; {n_params / 1e6:.2f}M params "
@@ -205,6 +220,8 @@ def train_generative(
         result = fit(model.to(dev), task, out, config, resume=resume)
     except _INPUT_ERRORS as err:
         raise _fail(err) from None
+    if not main:
+        return
     for entry in result.history:
         shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in entry.items()}
         typer.echo(json.dumps(shown))

@@ -78,6 +78,17 @@ class TrainBatch:
     def num_tokens(self) -> int:
         return int(self.token_ids.numel())
 
+    def windows(self, keep: Sequence[int]) -> TrainBatch:
+        """The batch of windows ``keep`` only (in that order)."""
+        ends = torch.cumsum(torch.tensor(self.lengths), 0).tolist()
+        starts = [e - n for e, n in zip(ends, self.lengths, strict=True)]
+        rows = torch.cat([torch.arange(starts[w], ends[w]) for w in keep]) if keep else \
+            torch.zeros(0, dtype=torch.long)
+        ids = self.token_ids[rows]
+        soft = torch.nonzero(ids == SOFT_ID)[:, 0] if self.soft_rows.numel() else self.soft_rows
+        vectors = None if self.user_vectors is None else self.user_vectors[list(keep)]
+        return TrainBatch(ids, self.labels[rows], [self.lengths[w] for w in keep], soft, vectors)
+
 
 def batch_loss(model: DecoderLM, batch: TrainBatch) -> torch.Tensor:
     """Mean cross-entropy (full vocabulary, as the engine scores) over the batch's targets."""
@@ -206,6 +217,18 @@ class GenerativeTask:
     def loss(self, model: DecoderLM, batch: TrainBatch) -> tuple[torch.Tensor, int]:
         """(mean loss, tokens processed)."""
         return batch_loss(model, batch), batch.num_tokens
+
+    def shard(self, batch: TrainBatch, rank: int, world: int) -> tuple[TrainBatch | None, float]:
+        """Windows ``rank, rank + world, ...`` of ``batch`` and their share of its targets
+        (data-parallel training: :mod:`genrec.training.distributed`)."""
+        keep = list(range(rank, len(batch.lengths), world))
+        if not keep:
+            return None, 0.0
+        part = batch.windows(keep)
+        mine = int((part.labels != IGNORE).sum())
+        if not mine:
+            return None, 0.0
+        return part, mine / int((batch.labels != IGNORE).sum())
 
     def validate(self, model: DecoderLM) -> dict[str, float] | None:
         """Recall/NDCG@5/10 on the validation examples; None when there are none."""

@@ -30,6 +30,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from genrec.model.checkpoint import load_model, save_model
+from genrec.training.distributed import World, current_world
 from genrec.utils.atomic import atomic_write, atomic_write_json
 
 LAST, BEST, EPOCHS = "last", "best", "epochs"
@@ -171,23 +172,30 @@ def _set_rng_state(state: dict) -> None:
 def _run_epoch(
     model: nn.Module, task: TrainTask, epoch: int, cfg: LoopConfig,
     optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
+    world: World,
 ) -> dict:
     model.train()
     total_loss = torch.zeros((), device=next(model.parameters()).device)
     steps = tokens = 0
     start = time.perf_counter()
     bar = tqdm(total=task.num_batches(epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}",
-               unit="step", disable=not cfg.progress, leave=False)
+               unit="step", disable=not (cfg.progress and world.main), leave=False)
     for batch in task.batches(epoch):
-        loss, n_tokens = task.loss(model, batch)
+        share = 1.0
+        if world.size > 1:  # this rank's part, its loss weighted by its share of the batch
+            batch, share = task.shard(batch, world.rank, world.size)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if batch is not None:
+            loss, n_tokens = task.loss(model, batch)
+            (loss * share if world.size > 1 else loss).backward()
+            total_loss += loss.detach() * share
+            tokens += n_tokens
+        world.all_reduce_grads(model)  # summed: the gradient of the whole batch's loss
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         scheduler.step()
-        total_loss += loss.detach()
-        steps, tokens = steps + 1, tokens + n_tokens
+        steps += 1
         if steps % 10 == 0 or steps == bar.total:
             mean = float(total_loss) / steps
             if not math.isfinite(mean):
@@ -197,9 +205,10 @@ def _run_epoch(
         bar.update(1)
     bar.close()
     seconds = time.perf_counter() - start
-    return {"train_loss": float(total_loss) / max(1, steps), "steps": steps, "tokens": tokens,
+    total, tokens = world.sum(float(total_loss)), int(world.sum(tokens))
+    return {"train_loss": total / max(1, steps), "steps": steps, "tokens": tokens,
             "train_seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9),
-            "lr": scheduler.get_last_lr()[0]}
+            "lr": scheduler.get_last_lr()[0], "ranks": world.size}
 
 
 def fit(
@@ -211,12 +220,21 @@ def fit(
     With ``resume`` an existing ``out_dir/last`` checkpoint is loaded (weights, optimizer,
     scheduler, RNG, early-stopping state) and training continues after its epoch; without it an
     existing checkpoint is an error, so a run is never overwritten by accident.
+
+    Under ``torchrun`` (several ranks, :mod:`genrec.training.distributed`) every rank trains
+    its shard of each batch (the task must implement ``shard``); rank 0 validates and writes.
     """
     cfg = config or LoopConfig()
     cfg.validate()
+    world = current_world(next(model.parameters()).device)
+    if world.size > 1 and not hasattr(task, "shard"):
+        raise ValueError(f"{type(task).__name__} does not train data-parallel yet (no shard); "
+                         "run it in one process")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    _recover(out)
+    if world.main:
+        out.mkdir(parents=True, exist_ok=True)
+        _recover(out)
+    world.barrier()
     state_file = out / LAST / STATE_FILE
     if state_file.is_file() and not resume:
         raise FileExistsError(f"{out}: already holds a checkpoint; pass resume (--resume) or "
@@ -243,14 +261,15 @@ def fit(
         state["stopped"] = cfg.patience > 0 and state["bad_epochs"] >= cfg.patience
     else:
         torch.manual_seed(cfg.seed)
+    world.broadcast_weights(model)  # every rank starts from rank 0's weights
 
     for epoch in range(state["epoch"], cfg.epochs):
         if state["stopped"]:
             break
-        stats = _run_epoch(model, task, epoch, cfg, optimizer, scheduler)
+        stats = _run_epoch(model, task, epoch, cfg, optimizer, scheduler, world)
         start = time.perf_counter()
         model.eval()  # no dropout while validating
-        metrics = task.validate(model)
+        metrics = world.broadcast(task.validate(model) if world.main else None)
         model.train()
         entry = {"epoch": epoch + 1, **stats, "val_seconds": time.perf_counter() - start}
         improved = True
@@ -269,15 +288,17 @@ def fit(
         state["stopped"] = cfg.patience > 0 and state["bad_epochs"] >= cfg.patience
         state["epoch"] = epoch + 1
         state["history"].append(entry)
-        payload = {**state, "optimizer": optimizer.state_dict(),
-                   "scheduler": scheduler.state_dict(), "rng": _rng_state()}
-        _write_checkpoint(model, task, out, payload)
-        if cfg.keep_epochs:
-            _keep_epoch(out, epoch + 1)
-        if improved:
-            _publish_best(out)
-        atomic_write_json(out / HISTORY_FILE, state["history"])
-        if cfg.progress:
+        if world.main:  # the others wait: every rank holds the same state
+            payload = {**state, "optimizer": optimizer.state_dict(),
+                       "scheduler": scheduler.state_dict(), "rng": _rng_state()}
+            _write_checkpoint(model, task, out, payload)
+            if cfg.keep_epochs:
+                _keep_epoch(out, epoch + 1)
+            if improved:
+                _publish_best(out)
+            atomic_write_json(out / HISTORY_FILE, state["history"])
+        world.barrier()
+        if cfg.progress and world.main:
             shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in entry.items()}
             tqdm.write(str(shown))
     return FitResult(state["epoch"], state["best_epoch"], state["best_metric"], state["stopped"],

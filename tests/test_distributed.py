@@ -1,0 +1,132 @@
+"""Data-parallel training with real processes: ``genrec train generative --nproc 2`` (torchrun,
+gloo) reaches the weights of one process on the same global batches; a rank killed mid-run
+leaves the last checkpoint loadable and ``--resume`` (with one process) goes on from it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from test_commands_generative import invoke, write_dataset
+
+from genrec.model import load_model
+from genrec.training.distributed import World, without_option
+from genrec.training.generative import IGNORE, GenerativeTask
+
+TINY = ["--hidden", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--head-dim", "8",
+        "--batch-tokens", "120", "--max-history", "5", "--val-users", "0", "--no-progress",
+        "--device", "cpu", "--threads", "1", "--patience", "0", "--user-vectors", "svd",
+        "--user-dim", "4"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("ddp")
+    folder = write_dataset(root / "toy")
+    invoke("index", "--data", folder, "--out", root / "index.json")
+    return folder, root / "index.json"
+
+
+def _train(data: tuple[Path, Path], out: Path, *extra: str, wait: bool = True
+           ) -> subprocess.Popen | subprocess.CompletedProcess:
+    folder, index = data
+    cmd = [sys.executable, "-m", "genrec.cli", "train", "generative", "--data", str(folder),
+           "--index", str(index), "--out", str(out), *TINY, *extra]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    if not wait:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def test_two_ranks_reach_the_weights_of_one_process(data: tuple[Path, Path],
+                                                    tmp_path: Path) -> None:
+    _train(data, tmp_path / "one", "--epochs", "2")
+    two = _train(data, tmp_path / "two", "--epochs", "2", "--nproc", "2")
+    assert two.stdout.count("best epoch") == 1  # rank 0 reports
+    a = load_model(tmp_path / "one" / "last").state_dict()
+    b = load_model(tmp_path / "two" / "last").state_dict()
+    assert a.keys() == b.keys()
+    moved = max(float((load_model(tmp_path / "one" / "last").state_dict()[k]).abs().max())
+                for k in a)
+    assert moved > 0
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=2e-5, rtol=1e-4), k
+    one = json.loads((tmp_path / "one" / "history.json").read_text())
+    two_h = json.loads((tmp_path / "two" / "history.json").read_text())
+    assert [e["ranks"] for e in two_h] == [2, 2] and [e["steps"] for e in one] == [
+        e["steps"] for e in two_h]
+    assert abs(one[-1]["train_loss"] - two_h[-1]["train_loss"]) < 1e-4
+
+
+def test_a_killed_rank_leaves_a_checkpoint_that_resumes(data: tuple[Path, Path],
+                                                         tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = _train(data, out, "--epochs", "400", "--nproc", "2", wait=False)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not (out / "history.json").is_file():
+            assert proc.poll() is None, proc.stdout.read().decode()
+            time.sleep(0.2)
+        assert (out / "history.json").is_file()
+        time.sleep(0.5)
+        [launcher] = _children(proc.pid)  # torchrun, whose children are the ranks
+        ranks = _children(launcher)
+        assert len(ranks) == 2
+        os.kill(ranks[-1], signal.SIGKILL)  # one rank dies mid-run: torchrun stops the other
+        assert proc.wait(timeout=120) != 0
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(_alive(p) for p in ranks):
+            time.sleep(0.2)
+        assert not any(_alive(p) for p in ranks)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    done = len(json.loads((out / "history.json").read_text()))
+    assert 1 <= done < 400
+    load_model(out / "last")  # the last checkpoint is whole
+    _train(data, out, "--epochs", str(done + 1), "--resume")  # one process goes on
+    history = json.loads((out / "history.json").read_text())
+    assert len(history) == done + 1 and history[-1]["ranks"] == 1
+
+
+def _children(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in found.stdout.split()]
+
+
+def _alive(pid: int) -> bool:
+    # running (not gone, not a zombie waiting for its parent)
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_shards_split_a_batch_and_its_loss_terms() -> None:
+    from genrec.catalog.semantic_ids import SemanticIndex
+    from genrec.generative.vocab import SidVocab
+
+    index = SemanticIndex(torch.cartesian_prod(torch.arange(4), torch.arange(5)), [4, 5])
+    task = GenerativeTask(SidVocab(index, max_history=4),
+                          [[i, (i + 3) % 20, (i + 7) % 20, (i + 1) % 20] for i in range(20)],
+                          batch_tokens=200)
+    batch = next(iter(task.batches(0)))
+    parts = [task.shard(batch, r, 3) for r in range(3)]
+    assert abs(sum(share for _, share in parts) - 1) < 1e-9
+    assert sorted(n for p, _ in parts for n in p.lengths) == sorted(batch.lengths)
+    assert sum(int((p.labels != IGNORE).sum()) for p, _ in parts) == int(
+        (batch.labels != IGNORE).sum())
+    n = len(batch.lengths)
+    assert task.shard(batch, n, n + 1) == (None, 0.0)  # more ranks than windows: nothing
+    assert World().main and World(1, 2).main is False
+    assert without_option(["a", "--nproc", "2", "--nproc=3", "b"], "--nproc") == ["a", "b"]
