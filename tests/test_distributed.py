@@ -26,6 +26,12 @@ TINY = ["--hidden", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1", "-
         "--user-dim", "4"]
 
 
+TEACHER = ["--hidden", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1",
+           "--max-history", "5", "--negatives", "4", "--users-per-step", "8", "--val-users", "6",
+           "--val-negatives", "9", "--no-progress", "--device", "cpu", "--threads", "1",
+           "--max-title-tokens", "4", "--max-text-tokens", "8", "--patience", "0"]
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("ddp")
@@ -34,11 +40,12 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return folder, root / "index.json"
 
 
-def _train(data: tuple[Path, Path], out: Path, *extra: str, wait: bool = True
-           ) -> subprocess.Popen | subprocess.CompletedProcess:
+def _train(data: tuple[Path, Path], out: Path, *extra: str, wait: bool = True,
+           kind: str = "generative") -> subprocess.Popen | subprocess.CompletedProcess:
     folder, index = data
-    cmd = [sys.executable, "-m", "genrec.cli", "train", "generative", "--data", str(folder),
-           "--index", str(index), "--out", str(out), *TINY, *extra]
+    opts = ["--index", str(index), *TINY] if kind == "generative" else TEACHER
+    cmd = [sys.executable, "-m", "genrec.cli", "train", kind, "--data", str(folder),
+           "--out", str(out), *opts, *extra]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     if not wait:
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -66,6 +73,20 @@ def test_two_ranks_reach_the_weights_of_one_process(data: tuple[Path, Path],
     assert [e["ranks"] for e in two_h] == [2, 2] and [e["steps"] for e in one] == [
         e["steps"] for e in two_h]
     assert abs(one[-1]["train_loss"] - two_h[-1]["train_loss"]) < 1e-4
+
+
+def test_two_ranks_train_the_teacher_like_one_process(data: tuple[Path, Path],
+                                                       tmp_path: Path) -> None:
+    # the ranking task: users split across ranks, the loss a mean over users
+    _train(data, tmp_path / "one", "--epochs", "1", kind="teacher")
+    _train(data, tmp_path / "two", "--epochs", "1", "--nproc", "2", kind="teacher")
+    a = load_model(tmp_path / "one" / "last").state_dict()
+    b = load_model(tmp_path / "two" / "last").state_dict()
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=2e-5, rtol=1e-4), k
+    one = json.loads((tmp_path / "one" / "history.json").read_text())
+    two = json.loads((tmp_path / "two" / "history.json").read_text())
+    assert abs(one[0]["val_ndcg@10"] - two[0]["val_ndcg@10"]) < 1e-4  # rank 0 validated
 
 
 def test_a_killed_rank_leaves_a_checkpoint_that_resumes(data: tuple[Path, Path],

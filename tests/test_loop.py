@@ -163,3 +163,42 @@ def test_validation_runs_in_eval_mode_and_training_resumes_in_train_mode(tmp_pat
     assert modes.count(False) == 2 and modes[-1] is False and modes[0] is True
     first_val = modes.index(False)
     assert all(modes[first_val + 1 : -1])
+
+
+class Twice(ScriptedTask):
+    """Every batch of the task twice in a row."""
+
+    def num_batches(self, epoch: int) -> int:
+        return 2 * super().num_batches(epoch)
+
+    def batches(self, epoch: int):  # noqa: ANN201
+        for batch in super().batches(epoch):
+            yield batch
+            yield batch
+
+
+def test_grad_accum_takes_the_mean_gradient_of_its_batches(tmp_path: Path) -> None:
+    # accumulating two copies of each batch is one step on that batch, bit for bit
+    once, twice = ScriptedTask(), Twice()
+    a, b = model_for(once), model_for(twice)
+    fit(a, once, tmp_path / "a", config(2))
+    res = fit(b, twice, tmp_path / "b", LoopConfig(epochs=2, lr=1e-2, progress=False,
+                                                    grad_accum=2))
+    assert res.history[0]["steps"] == once.num_batches(0)
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
+def test_bf16_autocast_trains_fp32_master_weights(tmp_path: Path) -> None:
+    task = ScriptedTask()
+    fp32, bf16 = model_for(task), model_for(task)
+    h32 = fit(fp32, task, tmp_path / "fp32", config(3)).history
+    h16 = fit(bf16, task, tmp_path / "bf16", LoopConfig(epochs=3, lr=1e-2, progress=False,
+                                                        precision="bf16")).history
+    assert all(p.dtype == torch.float32 for p in bf16.parameters())
+    assert h16[-1]["train_loss"] < h16[0]["train_loss"]
+    assert abs(h16[-1]["train_loss"] - h32[-1]["train_loss"]) < 0.05 * h32[-1]["train_loss"]
+    with pytest.raises(ValueError, match="precision"):
+        LoopConfig(precision="fp8").validate()
+    with pytest.raises(ValueError, match="grad_accum"):
+        LoopConfig(grad_accum=0).validate()

@@ -23,6 +23,9 @@ from genrec.commands.dataset import (
 from genrec.commands.generative import (
     _INPUT_ERRORS,
     DeviceOpt,
+    GradAccumOpt,
+    NprocOpt,
+    PrecisionOpt,
     ThreadsOpt,
     _fail,
     train_app,
@@ -84,17 +87,23 @@ def _val_split(ds: Dataset, max_history: int, users: int | None, negatives: int,
 
 def _train(task, model, out: Path, epochs: int, lr: float, patience: int, seed: int,  # noqa: ANN001
            resume: bool, progress: bool, dev: str, args: dict) -> None:
+    from genrec.training.distributed import main_process
     from genrec.training.loop import LoopConfig, fit
     from genrec.utils.atomic import atomic_write_json
 
-    out.mkdir(parents=True, exist_ok=True)
-    if not (resume and (out / "train_args.json").is_file()):
-        atomic_write_json(out / "train_args.json", args)
-    n_params = sum(p.numel() for p in model.parameters())
-    typer.echo(f"{len(task.examples)} training examples, {task.num_batches(0)} steps/epoch; "
-               f"{n_params / 1e6:.2f}M parameters on {dev}")
-    cfg = LoopConfig(epochs=epochs, lr=lr, patience=patience, seed=seed, progress=progress)
+    main = main_process()  # under torchrun: rank 0 writes and reports
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        if not (resume and (out / "train_args.json").is_file()):
+            atomic_write_json(out / "train_args.json", args)
+        n_params = sum(p.numel() for p in model.parameters())
+        typer.echo(f"{len(task.examples)} training examples, {task.num_batches(0)} "
+                   f"steps/epoch; {n_params / 1e6:.2f}M parameters on {dev}")
+    cfg = LoopConfig(epochs=epochs, lr=lr, patience=patience, seed=seed, progress=progress,
+                     grad_accum=args.get("grad_accum", 1), precision=args.get("precision", "fp32"))
     result = fit(model.to(dev), task, out, cfg, resume=resume)
+    if not main:
+        return
     for entry in result.history:
         typer.echo(json.dumps({k: round(v, 4) if isinstance(v, float) else v
                                for k, v in entry.items()}))
@@ -126,9 +135,17 @@ def train_teacher(
     init_embeddings: Annotated[bool, typer.Option(
         help="Start token embeddings from all-MiniLM-L6-v2's (PCA to the hidden size).")] = True,
     seed: int = 0, resume: bool = False, device: DeviceOpt = "auto", threads: ThreadsOpt = None,
-    progress: bool = True,
+    progress: bool = True, nproc: NprocOpt = 1, grad_accum: GradAccumOpt = 1,
+    precision: PrecisionOpt = "fp32",
 ) -> None:
-    """Train the full-text teacher ranker (history titles, candidate full text)."""
+    """Train the full-text teacher ranker (history titles, candidate full text); with
+    ``--nproc N`` (or under ``torchrun``) data-parallel."""
+    from genrec.training.distributed import relaunch
+
+    if (code := relaunch(nproc)) is not None:
+        raise typer.Exit(code=code)
+    import torch
+
     from genrec.duolm.prompts import TeacherPrompts
     from genrec.model import load_model
     from genrec.model.registry import build_model
@@ -145,6 +162,7 @@ def train_teacher(
                                             max_text_tokens, max_history)
         sp, val, val_cands = _val_split(ds, max_history, val_users, val_negatives, seed)
         train = _sample(sp.train, max_examples, seed)
+        torch.manual_seed(seed)  # the same initial weights for the same seed
         if resume and (out / LAST / "config.json").is_file():
             model = load_model(out / LAST)
         else:
@@ -198,10 +216,16 @@ def train_duolm(
     val_negatives: Annotated[int, typer.Option(min=1, help="Sampled negatives per validation "
                                                            "user.")] = 99,
     seed: int = 0, resume: bool = False, device: DeviceOpt = "auto", threads: ThreadsOpt = None,
-    progress: bool = True,
+    progress: bool = True, nproc: NprocOpt = 1, grad_accum: GradAccumOpt = 1,
+    precision: PrecisionOpt = "fp32",
 ) -> None:
     """Train the DuoLM student: item encoder + virtual-token ranker, end to end, on next-item
-    labels plus distillation from the teacher's scores."""
+    labels plus distillation from the teacher's scores; with ``--nproc N`` (or under
+    ``torchrun``) data-parallel."""
+    from genrec.training.distributed import relaunch
+
+    if (code := relaunch(nproc)) is not None:
+        raise typer.Exit(code=code)
     import dataclasses
 
     import torch

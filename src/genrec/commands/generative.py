@@ -36,6 +36,11 @@ train_app = typer.Typer(help="Train models.", no_args_is_help=True)
 DeviceOpt = Annotated[str, typer.Option(help="auto | cpu | cuda[:N].")]
 ThreadsOpt = Annotated[int | None, typer.Option(min=1, help="CPU threads for torch (default: "
                                                            "torch's; 1 is faster on a busy CPU).")]
+NprocOpt = Annotated[int, typer.Option(min=1, help="Data-parallel processes on this machine (runs "
+                                                  "the command under torchrun: gloo on the "
+                                                  "CPU, NCCL on GPUs).")]
+GradAccumOpt = Annotated[int, typer.Option(min=1, help="Batches per optimizer step.")]
+PrecisionOpt = Annotated[str, typer.Option(help="fp32 | bf16 (autocast; fp32 master weights).")]
 _INPUT_ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError)
 
 
@@ -141,19 +146,16 @@ def train_generative(
     beam_width: Annotated[int, typer.Option(min=1)] = 20,
     seed: int = 0, resume: bool = False, device: DeviceOpt = "auto", threads: ThreadsOpt = None,
     progress: bool = True,
-    nproc: Annotated[int, typer.Option(min=1, help="Data-parallel processes on this machine "
-                                                   "(runs this command under torchrun: gloo "
-                                                   "on the CPU, NCCL on GPUs).")] = 1,
+    nproc: NprocOpt = 1, grad_accum: GradAccumOpt = 1, precision: PrecisionOpt = "fp32",
 ) -> None:
     """Train a Qwen3-architecture generative recommender on Semantic-ID sequences (under
     ``torchrun``, or with ``--nproc N``, data-parallel: each rank its shard of every batch)."""
     import os
-    import sys
 
-    if nproc > 1 and "WORLD_SIZE" not in os.environ:
-        from genrec.training.distributed import launch, without_option
+    from genrec.training.distributed import main_process, relaunch
 
-        raise typer.Exit(code=launch(nproc, without_option(sys.argv[1:], "--nproc")))
+    if (code := relaunch(nproc)) is not None:
+        raise typer.Exit(code=code)
     import torch
 
     from genrec.catalog.semantic_ids import SemanticIndex
@@ -166,7 +168,7 @@ def train_generative(
     from genrec.utils.atomic import atomic_write_json
 
     dev = resolve_device(device, threads)
-    main = os.environ.get("RANK", "0") == "0"  # under torchrun: rank 0 writes and reports
+    main = main_process()  # under torchrun: rank 0 writes and reports
     if str(dev).startswith("cuda") and "LOCAL_RANK" in os.environ:  # one GPU per rank
         dev = f"cuda:{int(os.environ['LOCAL_RANK'])}"
     args = {k: str(v) if isinstance(v, Path) else v for k, v in locals().items()
@@ -216,7 +218,8 @@ def train_generative(
                    f"on {dev}")
         config = LoopConfig(epochs=epochs, lr=lr, weight_decay=weight_decay,
                             warmup_ratio=warmup_ratio, grad_clip=grad_clip, patience=patience,
-                            seed=seed, progress=progress, keep_epochs=keep_epochs)
+                            seed=seed, progress=progress, keep_epochs=keep_epochs,
+                            grad_accum=grad_accum, precision=precision)
         result = fit(model.to(dev), task, out, config, resume=resume)
     except _INPUT_ERRORS as err:
         raise _fail(err) from None

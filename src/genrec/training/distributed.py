@@ -107,6 +107,19 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def relaunch(nproc: int) -> int | None:
+    """For a command given ``--nproc N`` (N > 1) outside ``torchrun``: run this same command
+    line under it (without ``--nproc``) and return its exit status; ``None``: go on here."""
+    if nproc <= 1 or "WORLD_SIZE" in os.environ:
+        return None
+    return launch(nproc, without_option(sys.argv[1:], "--nproc"))
+
+
+def main_process() -> bool:
+    """Whether this process writes and reports: rank 0 under ``torchrun``, else always."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def launch(nproc: int, argv: Sequence[str]) -> int:
     """Run ``python -m genrec.cli ARGV`` under ``torchrun --nproc-per-node NPROC`` on this
     machine (a standalone rendezvous); returns its exit status."""

@@ -146,6 +146,17 @@ class RankingTask:
             out.append(RankingBatch(exs, cands))
         return out
 
+    def shard(self, batch: RankingBatch, rank: int, world: int
+              ) -> tuple[RankingBatch | None, float]:
+        """Users ``rank, rank + world, ...`` of ``batch`` and their share of it (the losses
+        are means over users; data-parallel training: :mod:`genrec.training.distributed`)."""
+        keep = range(rank, len(batch.examples), world)
+        if not keep:
+            return None, 0.0
+        part = RankingBatch([batch.examples[i] for i in keep],
+                            [batch.candidates[i] for i in keep])
+        return part, len(keep) / len(batch.examples)
+
     def user_vector(self, ex: Example) -> torch.Tensor | None:
         """The soft token's user vector of an example (None without soft tokens)."""
         return None if self.user_vectors is None else self.user_vectors[ex.user]

@@ -67,6 +67,8 @@ class LoopConfig:
     seed: int = 0
     progress: bool = True
     keep_epochs: bool = False  # also keep every epoch's weights under out/epochs/NNN
+    grad_accum: int = 1  # batches per optimizer step (their mean gradient)
+    precision: str = "fp32"  # fp32 | bf16 (autocast; fp32 master weights and optimizer)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -74,6 +76,7 @@ class LoopConfig:
             "epochs": self.epochs >= 1, "lr": self.lr > 0, "weight_decay": self.weight_decay >= 0,
             "warmup_ratio": 0 <= self.warmup_ratio < 1, "min_lr_ratio": 0 <= self.min_lr_ratio <= 1,
             "grad_clip": self.grad_clip >= 0, "patience": self.patience >= 0,
+            "grad_accum": self.grad_accum >= 1, "precision": self.precision in ("fp32", "bf16"),
         }
         for name, ok in checks.items():
             if not ok:
@@ -180,33 +183,41 @@ def _run_epoch(
     start = time.perf_counter()
     bar = tqdm(total=task.num_batches(epoch), desc=f"epoch {epoch + 1}/{cfg.epochs}",
                unit="step", disable=not (cfg.progress and world.main), leave=False)
-    for batch in task.batches(epoch):
+    n_batches, accum = task.num_batches(epoch), cfg.grad_accum
+    device_type = next(model.parameters()).device.type
+    for k, batch in enumerate(task.batches(epoch)):
         share = 1.0
         if world.size > 1:  # this rank's part, its loss weighted by its share of the batch
             batch, share = task.shard(batch, world.rank, world.size)
-        optimizer.zero_grad(set_to_none=True)
+        first, last = k % accum == 0, (k + 1) % accum == 0 or k + 1 == n_batches
+        if first:
+            optimizer.zero_grad(set_to_none=True)
+            group = min(accum, n_batches - k)  # batches whose mean gradient this step takes
         if batch is not None:
-            loss, n_tokens = task.loss(model, batch)
-            (loss * share if world.size > 1 else loss).backward()
-            total_loss += loss.detach() * share
+            with torch.autocast(device_type, torch.bfloat16, enabled=cfg.precision == "bf16"):
+                loss, n_tokens = task.loss(model, batch)
+            (loss.float() * (share / group)).backward()
+            total_loss += loss.detach().float() * share
             tokens += n_tokens
+        if not last:
+            continue
         world.all_reduce_grads(model)  # summed: the gradient of the whole batch's loss
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
         scheduler.step()
         steps += 1
-        if steps % 10 == 0 or steps == bar.total:
-            mean = float(total_loss) / steps
+        if steps % 10 == 0 or k + 1 == n_batches:
+            mean = float(total_loss) / (k + 1)
             if not math.isfinite(mean):
                 raise FloatingPointError(f"epoch {epoch + 1}: training loss is {mean}")
             elapsed = time.perf_counter() - start
             bar.set_postfix(loss=f"{mean:.4f}", tok_s=f"{tokens / elapsed:.0f}")
-        bar.update(1)
+        bar.update(group)
     bar.close()
     seconds = time.perf_counter() - start
     total, tokens = world.sum(float(total_loss)), int(world.sum(tokens))
-    return {"train_loss": total / max(1, steps), "steps": steps, "tokens": tokens,
+    return {"train_loss": total / max(1, n_batches), "steps": steps, "tokens": tokens,
             "train_seconds": seconds, "tokens_per_s": tokens / max(seconds, 1e-9),
             "lr": scheduler.get_last_lr()[0], "ranks": world.size}
 
@@ -239,7 +250,8 @@ def fit(
     if state_file.is_file() and not resume:
         raise FileExistsError(f"{out}: already holds a checkpoint; pass resume (--resume) or "
                               "choose another output folder")
-    total = sum(task.num_batches(e) for e in range(cfg.epochs))
+    # optimizer steps: one per grad_accum batches (and one for an epoch's remainder)
+    total = sum(-(-task.num_batches(e) // cfg.grad_accum) for e in range(cfg.epochs))
     warmup = int(cfg.warmup_ratio * total)
     optimizer = _optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
