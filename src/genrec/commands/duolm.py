@@ -29,6 +29,7 @@ from genrec.commands.generative import (
     ThreadsOpt,
     _fail,
     train_app,
+    write_train_args,
 )
 from genrec.utils.device import resolve_device
 
@@ -89,13 +90,10 @@ def _train(task, model, out: Path, epochs: int, lr: float, patience: int, seed: 
            resume: bool, progress: bool, dev: str, args: dict) -> None:
     from genrec.training.distributed import main_process
     from genrec.training.loop import LoopConfig, fit
-    from genrec.utils.atomic import atomic_write_json
 
     main = main_process()  # under torchrun: rank 0 writes and reports
     if main:
-        out.mkdir(parents=True, exist_ok=True)
-        if not (resume and (out / "train_args.json").is_file()):
-            atomic_write_json(out / "train_args.json", args)
+        write_train_args(out, args, resume)
         n_params = sum(p.numel() for p in model.parameters())
         typer.echo(f"{len(task.examples)} training examples, {task.num_batches(0)} "
                    f"steps/epoch; {n_params / 1e6:.2f}M parameters on {dev}")

@@ -49,6 +49,16 @@ def _fail(err: Exception) -> typer.Exit:
     return typer.Exit(code=1)
 
 
+def write_train_args(out: Path, args: dict, resume: bool) -> None:
+    """The command's arguments in ``out/train_args.json`` (kept as first written on
+    ``resume``); the folder is made."""
+    from genrec.utils.atomic import atomic_write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    if not (resume and (out / "train_args.json").is_file()):
+        atomic_write_json(out / "train_args.json", args)
+
+
 def check_index(index: SemanticIndex, dataset: Dataset, where: str) -> None:
     """Raise ValueError naming ``where`` when the index does not cover the dataset's items."""
     if index.num_items != dataset.num_items:
@@ -165,7 +175,6 @@ def train_generative(
     from genrec.training import generative as gen
     from genrec.training import user_vectors as uv
     from genrec.training.loop import LAST, LoopConfig, fit
-    from genrec.utils.atomic import atomic_write_json
 
     dev = resolve_device(device, threads)
     main = main_process()  # under torchrun: rank 0 writes and reports
@@ -209,9 +218,7 @@ def train_generative(
             progress=progress, item_factors=factors,
         )
         if main:
-            out.mkdir(parents=True, exist_ok=True)
-            if not (resume and (out / "train_args.json").is_file()):
-                atomic_write_json(out / "train_args.json", args)
+            write_train_args(out, args, resume)
         n_params = sum(p.numel() for p in model.parameters())
         typer.echo(f"{ds.name}: {ds.num_users} users, {ds.num_items} items; {len(task.lengths)} "
                    f"windows, {sum(task.lengths)} tokens/epoch; {n_params / 1e6:.2f}M params "
