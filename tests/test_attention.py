@@ -158,3 +158,25 @@ def test_runs_over_the_key_limit_take_the_pytorch_path(monkeypatch: pytest.Monke
     out = prefix_branch_attention(q, *cache.write(0, k, v, lay), lay, D**-0.5)
     ref = _dense_reference(q, k, v, _allowed(prefixes, branches))
     assert (out - ref).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_branch_attention_merges_like_the_portable_one(
+        monkeypatch: pytest.MonkeyPatch, causal: bool) -> None:
+    # the CUDA branch path (prefix through the fused kernel, own keys apart, merged by
+    # log-sum-exp) with the math path standing in for the kernel, against the one-softmax path;
+    # a request without prefix keys (used 0) included
+    from genrec.model import beam_step
+
+    monkeypatch.setattr(beam_step, "attend_cuda", beam_step.attend_math)
+    torch.manual_seed(5)
+    n_req, width, n_q, cap = 3, 4, 3 if causal else 1, 9
+    nb = n_req * width
+    used = torch.tensor([9, 0, 4])
+    q = torch.randn(nb * n_q, H, D)
+    pk, pv = torch.randn(n_req, cap, HKV, D), torch.randn(n_req, cap, HKV, D)
+    ok, ov = torch.randn(nb, n_q if causal else 2, HKV, D), torch.randn(nb, n_q if causal else 2,
+                                                                        HKV, D)
+    want = beam_step.branch_attention_portable(q, pk, pv, used, ok, ov, width, causal, 0.3)
+    got = beam_step._branch_attention_fused(q, pk, pv, used, ok, ov, width, causal, 0.3)
+    assert (got - want).abs().max() < 1e-5

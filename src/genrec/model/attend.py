@@ -12,6 +12,7 @@ import functools
 import logging
 
 import torch
+import torch.nn.functional as F
 
 _NEG_INF = float("-inf")
 
@@ -100,12 +101,18 @@ def attend_cuda(
             q, k, v, 0.0, causal, False, scale=scale)[:2]
         return out, lse[..., :lq].float()
     bias = None
+    lk = k.shape[2]
     if mask is not None:
-        bias = mask.to(q.dtype).expand(q.shape[0], q.shape[1], lq, k.shape[2])
+        bias = mask.to(q.dtype)  # broadcastable to [B, H, Lq, Lk]; kept broadcast (stride 0)
         if causal:  # both: the causal rule folded into the bias (top-left aligned)
-            above = torch.ones(lq, k.shape[2], dtype=torch.bool, device=q.device).triu(1)
+            above = torch.ones(lq, lk, dtype=torch.bool, device=q.device).triu(1)
             bias = bias.masked_fill(above, _NEG_INF)
             causal = False
+        pad = -lk % 16  # the kernel reads its bias in aligned rows: pad the keys, masked
+        if pad:
+            k, v = F.pad(k, (0, 0, 0, pad)), F.pad(v, (0, 0, 0, pad))
+            bias = F.pad(bias, (0, pad), value=_NEG_INF)
+        bias = bias.expand(q.shape[0], q.shape[1], lq, lk + pad)
     out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
         q, k, v, bias, True, 0.0, causal, scale=scale)[:2]
     return out, lse[..., :lq].float()

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from genrec.model.attend import attend_cuda, attend_math, cuda_fused_ok
+
 _NEG_INF = float("-inf")
 
 
@@ -103,9 +105,51 @@ def step_attention_portable(
     """Attention of one beam step on any device: q [NB, H, D] against its request's prefix
     keys (masked beyond ``prefix_len``: fixed-capacity buffers, used lengths) and its own tail
     (gathered through the ancestry), one softmax over both; returns [NB, H, D]."""
-    return branch_attention_portable(q, prefix_k, prefix_v, layout.prefix_len,
-                                     layout.tails(tail_k), layout.tails(tail_v), layout.width,
-                                     causal=False, scale=scale)
+    return branch_attention(q, prefix_k, prefix_v, layout.prefix_len, layout.tails(tail_k),
+                            layout.tails(tail_v), layout.width, causal=False, scale=scale)
+
+
+def branch_attention(
+    q: torch.Tensor, prefix_k: torch.Tensor, prefix_v: torch.Tensor, used: torch.Tensor,
+    own_k: torch.Tensor, own_v: torch.Tensor, width: int, causal: bool, scale: float,
+) -> torch.Tensor:
+    """:func:`branch_attention_portable`'s result; on CUDA, where PyTorch's fused kernels
+    pass their check, the prefix part through them (no [queries, keys] scores in memory) and
+    the own part as a small product, merged by log-sum-exp."""
+    if q.device.type == "cuda" and cuda_fused_ok(q.device, q.dtype):
+        return _branch_attention_fused(q, prefix_k, prefix_v, used, own_k, own_v, width,
+                                       causal, scale)
+    return branch_attention_portable(q, prefix_k, prefix_v, used, own_k, own_v, width, causal,
+                                     scale)
+
+
+def _branch_attention_fused(
+    q: torch.Tensor, prefix_k: torch.Tensor, prefix_v: torch.Tensor, used: torch.Tensor,
+    own_k: torch.Tensor, own_v: torch.Tensor, width: int, causal: bool, scale: float,
+) -> torch.Tensor:
+    n_req, cap = prefix_k.shape[0], prefix_k.shape[1]
+    nb, heads, dim = own_k.shape[0], q.shape[1], q.shape[2]
+    n_q = q.shape[0] // nb
+    # prefix part: a request's branch queries together, keys masked beyond their used length
+    seen = torch.arange(cap, device=q.device)[None, :] < used[:, None]  # [R, P]
+    mask = torch.zeros(n_req, 1, 1, cap, dtype=q.dtype, device=q.device).masked_fill(
+        ~seen[:, None, None, :], _NEG_INF)
+    qa = q.view(n_req, width * n_q, heads, dim).transpose(1, 2)
+    o_a, lse_a = attend_cuda(qa, prefix_k.transpose(1, 2), prefix_v.transpose(1, 2), mask,
+                             False, scale)
+    o_a = o_a.transpose(1, 2).reshape(-1, heads, dim).float()
+    lse_a = lse_a.transpose(1, 2).reshape(-1, heads)
+    empty = (used == 0).repeat_interleave(width * n_q, output_size=nb * n_q)[:, None]  # [T, 1]
+    o_a = o_a.masked_fill(empty[..., None], 0.0)  # no prefix: the own part alone
+    lse_a = lse_a.masked_fill(empty, _NEG_INF)
+    # own part: [NB, H, Q, D] against the branch's own keys
+    qb = q.view(nb, n_q, heads, dim).transpose(1, 2)
+    o_b, lse_b = attend_math(qb, own_k.transpose(1, 2), own_v.transpose(1, 2), None, causal,
+                             scale)
+    o_b = o_b.transpose(1, 2).reshape(-1, heads, dim).float()
+    lse_b = lse_b.transpose(1, 2).reshape(-1, heads)
+    weight = torch.sigmoid(lse_b - lse_a)[..., None]
+    return torch.lerp(o_a, o_b, weight).to(q.dtype)
 
 
 def branch_attention_portable(

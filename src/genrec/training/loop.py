@@ -17,8 +17,6 @@ optimizer, scheduler, epoch, step, best metric, early-stopping counter, history 
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -29,13 +27,26 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from genrec.model.checkpoint import load_model, save_model
+from genrec.model.checkpoint import load_model
+from genrec.training.checkpoints import (
+    BEST,
+    EPOCHS,
+    LAST,
+    STATE_FILE,
+    keep_epoch,
+    publish_best,
+    recover,
+    rng_state,
+    set_rng_state,
+    write_checkpoint,
+)
 from genrec.training.distributed import World, current_world
-from genrec.utils.atomic import atomic_write, atomic_write_json
+from genrec.utils.atomic import atomic_write_json
 
-LAST, BEST, EPOCHS = "last", "best", "epochs"
-STATE_FILE = "train_state.pt"
 HISTORY_FILE = "history.json"
+# the run's file names, importable from here (checkpoints.py holds them)
+__all__ = ["BEST", "EPOCHS", "HISTORY_FILE", "LAST", "STATE_FILE", "FitResult", "LoopConfig",
+           "TrainTask", "fit", "warmup_cosine"]
 
 
 class TrainTask(Protocol):
@@ -111,67 +122,6 @@ def _optimizer(model: nn.Module, cfg: LoopConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=cfg.lr)
 
 
-def _swap_in(src: Path, dst: Path) -> None:
-    old = dst.with_name(f".{dst.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if dst.exists():
-        os.replace(dst, old)
-    os.replace(src, dst)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _recover(out: Path) -> None:
-    """Finish a swap a crash interrupted; drop half-written temporary folders."""
-    for name in (LAST, BEST):
-        old, dst = out / f".{name}.old", out / name
-        if old.exists() and not dst.exists():
-            os.replace(old, dst)
-        shutil.rmtree(old, ignore_errors=True)
-        shutil.rmtree(out / f".{name}.tmp", ignore_errors=True)
-    for tmp in (out / EPOCHS).glob(".*.tmp"):
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _write_checkpoint(model: nn.Module, task: TrainTask, out: Path, payload: dict) -> None:
-    tmp = out / f".{LAST}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save = getattr(model, "save_pretrained", None)  # models of several parts save themselves
-    save(tmp) if save is not None else save_model(model, tmp)
-    task.save_extra(tmp)
-    atomic_write(tmp / STATE_FILE, lambda t: torch.save(payload, t))
-    _swap_in(tmp, out / LAST)
-
-
-def _keep_epoch(out: Path, epoch: int) -> None:
-    # a copy of last/ without the optimizer state, swapped in whole
-    dst = out / EPOCHS / f"{epoch:03d}"
-    tmp = dst.with_name(f".{dst.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(out / LAST, tmp, ignore=shutil.ignore_patterns(STATE_FILE))
-    _swap_in(tmp, dst)
-
-
-def _publish_best(out: Path) -> None:
-    tmp = out / f".{BEST}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(out / LAST, tmp)
-    _swap_in(tmp, out / BEST)
-
-
-def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def _run_epoch(
     model: nn.Module, task: TrainTask, epoch: int, cfg: LoopConfig,
     optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
@@ -244,12 +194,27 @@ def fit(
     out = Path(out_dir)
     if world.main:
         out.mkdir(parents=True, exist_ok=True)
-        _recover(out)
+        recover(out)
     world.barrier()
     state_file = out / LAST / STATE_FILE
     if state_file.is_file() and not resume:
         raise FileExistsError(f"{out}: already holds a checkpoint; pass resume (--resume) or "
                               "choose another output folder")
+    state: dict[str, Any] = {"epoch": 0, "best_metric": None, "best_epoch": None,
+                             "bad_epochs": 0, "stopped": False, "history": []}
+    saved = None
+    if resume and state_file.is_file():
+        saved = torch.load(state_file, map_location="cpu", weights_only=True)
+        if hasattr(model, "load_weights"):
+            model.load_weights(out / LAST)
+        else:
+            model.load_state_dict(load_model(out / LAST).state_dict())
+        state = {k: saved[k] for k in state}
+        # a resumed run stops early under the patience it is given now (0: never)
+        state["stopped"] = cfg.patience > 0 and state["bad_epochs"] >= cfg.patience
+    else:
+        torch.manual_seed(cfg.seed)
+    world.broadcast_weights(model)  # every rank starts from rank 0's weights
     # optimizer steps: one per grad_accum batches (and one for an epoch's remainder)
     total = sum(-(-task.num_batches(e) // cfg.grad_accum) for e in range(cfg.epochs))
     warmup = int(cfg.warmup_ratio * total)
@@ -257,23 +222,10 @@ def fit(
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: warmup_cosine(s, total, warmup, cfg.min_lr_ratio)
     )
-    state: dict[str, Any] = {"epoch": 0, "best_metric": None, "best_epoch": None,
-                             "bad_epochs": 0, "stopped": False, "history": []}
-    if resume and state_file.is_file():
-        saved = torch.load(state_file, map_location="cpu", weights_only=True)
-        if hasattr(model, "load_weights"):
-            model.load_weights(out / LAST)
-        else:
-            model.load_state_dict(load_model(out / LAST).state_dict())
+    if saved is not None:
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
-        _set_rng_state(saved["rng"])
-        state = {k: saved[k] for k in state}
-        # a resumed run stops early under the patience it is given now (0: never)
-        state["stopped"] = cfg.patience > 0 and state["bad_epochs"] >= cfg.patience
-    else:
-        torch.manual_seed(cfg.seed)
-    world.broadcast_weights(model)  # every rank starts from rank 0's weights
+        set_rng_state(saved["rng"])
 
     for epoch in range(state["epoch"], cfg.epochs):
         if state["stopped"]:
@@ -302,12 +254,12 @@ def fit(
         state["history"].append(entry)
         if world.main:  # the others wait: every rank holds the same state
             payload = {**state, "optimizer": optimizer.state_dict(),
-                       "scheduler": scheduler.state_dict(), "rng": _rng_state()}
-            _write_checkpoint(model, task, out, payload)
+                       "scheduler": scheduler.state_dict(), "rng": rng_state()}
+            write_checkpoint(model, task, out, payload)
             if cfg.keep_epochs:
-                _keep_epoch(out, epoch + 1)
+                keep_epoch(out, epoch + 1)
             if improved:
-                _publish_best(out)
+                publish_best(out)
             atomic_write_json(out / HISTORY_FILE, state["history"])
         world.barrier()
         if cfg.progress and world.main:
