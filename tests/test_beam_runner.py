@@ -158,16 +158,16 @@ def test_search_reads_nothing_back_to_the_host(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_buffers_are_bounded_in_bytes() -> None:
-    one = _engine()
-    one.recommend(_requests()[:1], BeamParams(4, 1))
-    [first] = one.searches._buffers.values()
-    # room for one set only: the next shape drops the first (and its runner)
-    engine = _engine(max_search_buffer_bytes=first.nbytes())
+    probe = _engine()
+    probe.recommend(_requests()[:2], BeamParams(4, 1))
+    [two] = probe.searches._buffers.values()
+    # room for the larger set only: it drops the first (and its runner)
+    engine = _engine(max_search_buffer_bytes=two.nbytes())
     engine.recommend(_requests()[:1], BeamParams(4, 1))
     engine.recommend(_requests()[:2], BeamParams(4, 1))
     assert [b.requests for b in engine.searches._buffers.values()] == [2]
     assert all(r.buffers.requests == 2 for r in engine.searches._runners.values())
-    # a set above the bound still runs
+    # a set above the bound still runs, and is not kept after its search
     tiny = _engine(max_search_buffer_bytes=1)
     assert tiny.recommend(_requests(), BeamParams(4, 2))[0].items
-    assert len(tiny.searches._buffers) == 1
+    assert not tiny.searches._buffers and not tiny.searches._runners

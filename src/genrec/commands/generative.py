@@ -220,9 +220,10 @@ def train_generative(
         if main:
             write_train_args(out, args, resume)
         n_params = sum(p.numel() for p in model.parameters())
-        typer.echo(f"{ds.name}: {ds.num_users} users, {ds.num_items} items; {len(task.lengths)} "
-                   f"windows, {sum(task.lengths)} tokens/epoch; {n_params / 1e6:.2f}M params "
-                   f"on {dev}")
+        if main:
+            typer.echo(f"{ds.name}: {ds.num_users} users, {ds.num_items} items; "
+                       f"{len(task.lengths)} windows, {sum(task.lengths)} tokens/epoch; "
+                       f"{n_params / 1e6:.2f}M params on {dev}")
         config = LoopConfig(epochs=epochs, lr=lr, weight_decay=weight_decay,
                             warmup_ratio=warmup_ratio, grad_clip=grad_clip, patience=patience,
                             seed=seed, progress=progress, keep_epochs=keep_epochs,

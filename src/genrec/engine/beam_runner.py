@@ -204,7 +204,8 @@ class RunnerPool:
                 ) -> SearchBuffers:
         """The buffers of a search shape (made now if not kept). Kept: at most
         ``max_runners`` sets and ``max_bytes`` in all (least recently used dropped first,
-        with their runners; the newest set stays, whatever its size)."""
+        with their runners; a set larger than ``max_bytes`` alone serves its search and is
+        dropped after it)."""
         key = (requests, width, prefix_cap, levels)
         found = self._buffers.pop(key, None)
         if found is None:
@@ -272,4 +273,7 @@ class RunnerPool:
         runner.load(lists, restricted)
         out = runner.run()
         # copies: the buffers belong to the next search
-        return BeamResult(out.items[:n_req].clone(), out.scores[:n_req].clone())
+        result = BeamResult(out.items[:n_req].clone(), out.scores[:n_req].clone())
+        if buffers.nbytes() > self.config.max_bytes:  # larger than all that is kept: not kept
+            self._evict(0, self.config.max_bytes)
+        return result
