@@ -1,14 +1,10 @@
 """CUDA: beam search and scoring on a GPU equal the CPU engine's, CUDA graphs equal eager runs,
 graph replays stay correct when the inputs change, and the search levels do no host sync.
 
-Tiny random models (seconds on a GPU). Every test is skipped where torch sees no CUDA device;
-``EngineConfig.cuda_graphs`` and ``genrec.utils.sync_trap`` are skipped around where absent.
+Tiny random models (seconds on a GPU). Every test is skipped where torch sees no CUDA device.
 """
 
 from __future__ import annotations
-
-import dataclasses
-import sys
 
 import pytest
 import torch
@@ -33,13 +29,10 @@ SIZES = [8, 6, 5]  # three levels; the first has fewer codes than the beam width
 N_ITEMS = 150
 USER_DIM = 5
 PARAMS = BeamParams(beam_width=16, n=10)
-HAS_GRAPH_FLAG = "cuda_graphs" in {f.name for f in dataclasses.fields(EngineConfig)}
-needs_graph_flag = pytest.mark.skipif(not HAS_GRAPH_FLAG,
-                                      reason="EngineConfig has no cuda_graphs field yet")
 
 
 def _config(graphs: bool | None = None) -> EngineConfig:
-    if graphs is None or not HAS_GRAPH_FLAG:
+    if graphs is None:
         return EngineConfig(soft_token_id=SOFT_ID)
     return EngineConfig(soft_token_id=SOFT_ID, cuda_graphs=graphs)
 
@@ -109,7 +102,7 @@ def _assert_same(got, want, atol: float = 1e-4) -> None:  # noqa: ANN001 - Recom
                               rtol=1e-5)
 
 
-@pytest.mark.parametrize("graphs", [True, False] if HAS_GRAPH_FLAG else [None])
+@pytest.mark.parametrize("graphs", [True, False])
 @pytest.mark.parametrize("count", [1, 3, 4])
 def test_recommend_on_cuda_equals_cpu(cpu_model, cuda_model, vocab, graphs, count) -> None:  # noqa: ANN001
     cpu = Engine(cpu_model, config=_config(), vocab=vocab)
@@ -121,7 +114,6 @@ def test_recommend_on_cuda_equals_cpu(cpu_model, cuda_model, vocab, graphs, coun
     _assert_same(got, want)
 
 
-@needs_graph_flag
 def test_graphs_equal_eager_and_replays_follow_new_inputs(cuda_model, vocab) -> None:  # noqa: ANN001
     graphs = Engine(cuda_model, config=_config(True), vocab=vocab)
     eager = Engine(cuda_model, config=_config(False), vocab=vocab)
@@ -132,12 +124,10 @@ def test_graphs_equal_eager_and_replays_follow_new_inputs(cuda_model, vocab) -> 
     _assert_same(graphs.recommend(first, PARAMS), want_first, atol=1e-5)
     _assert_same(graphs.recommend(second, PARAMS), want_second, atol=1e-5)
     _assert_same(graphs.recommend(first, PARAMS), want_first, atol=1e-5)
-    runners = getattr(getattr(graphs, "searches", None), "_runners", None)
-    if runners is not None:  # the engine's runner pool: a graph was captured and kept
-        assert any(getattr(r, "graph", None) is not None for r in runners.values())
+    # the engine's runner pool: a graph was captured and kept
+    assert any(r.graph is not None for r in graphs.searches._runners.values())
 
 
-@needs_graph_flag
 def test_graphs_in_bf16_equal_eager(vocab) -> None:  # noqa: ANN001
     model = _model().to("cuda", torch.bfloat16)
     reqs = _requests(count=4)
@@ -153,7 +143,8 @@ def test_graphs_in_bf16_equal_eager(vocab) -> None:  # noqa: ANN001
 
 
 def test_sync_trap_catches_a_host_sync() -> None:
-    trap = pytest.importorskip("genrec.utils.sync_trap", reason="genrec.utils.sync_trap absent")
+    from genrec.utils import sync_trap as trap
+
     x = torch.ones(3, device="cuda")
     with pytest.raises(trap.HostSyncError), trap.no_host_sync():
         x.sum().item()
@@ -163,27 +154,20 @@ def test_sync_trap_catches_a_host_sync() -> None:
 def test_search_levels_do_no_host_sync(cuda_model, vocab, monkeypatch) -> None:  # noqa: ANN001
     """The levels after the prompt forward (the body a CUDA graph captures) run eagerly under
     ``no_host_sync()`` inside ``Engine.recommend``."""
-    trap = pytest.importorskip("genrec.utils.sync_trap", reason="genrec.utils.sync_trap absent")
-    beam = pytest.importorskip("genrec.engine.beam")
-    inner = getattr(beam, "search_levels", None)
-    if inner is None:
-        pytest.skip("genrec.engine.beam has no search_levels (the hook for the trap)")
-    calls = []
+    from genrec.engine import beam_runner
+    from genrec.utils.sync_trap import no_host_sync
+
+    inner, calls = beam_runner.search_levels, []
 
     def trapped(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         calls.append(1)
-        with trap.no_host_sync():
+        with no_host_sync():
             return inner(*args, **kwargs)
 
-    # every genrec module that holds the function by name (the runner imports it)
-    for name, module in list(sys.modules.items()):
-        if name.startswith("genrec.") and getattr(module, "search_levels", None) is inner:
-            monkeypatch.setattr(module, "search_levels", trapped)
+    monkeypatch.setattr(beam_runner, "search_levels", trapped)
     engine = Engine(cuda_model, config=_config(False), vocab=vocab)
     got = engine.recommend(_requests(count=4), PARAMS)
-    if not calls:
-        pytest.skip("Engine.recommend did not go through search_levels")
-    assert all(r.items for r in got)
+    assert calls and all(r.items for r in got)
 
 
 def _scoring_setup(cpu_model: torch.nn.Module, mode: str):  # noqa: ANN202
