@@ -21,8 +21,7 @@ e. a summary table, the goals (>= 50,000 scores/s; <= 15 ms per 256-beam request
    with the 1.7B shape; graphs >= 3x eager at batch 1) and, with ``--json PATH``, every figure.
 
 Models are random-weight genrec ``DecoderLM`` s built in memory on the device (no transformers,
-no checkpoint on disk). ``EngineConfig.cuda_graphs`` and ``genrec.utils.sync_trap`` are used
-where they exist; without them the run says so and measures what it can.
+no checkpoint on disk).
 
 Exit status: 0 when every part ran without an error and the tests passed, 1 otherwise (goals
 not met do not change it).
@@ -80,7 +79,6 @@ try:  # the DuoLM prompt ids (genrec.duolm pulls in tqdm, which a bare machine m
 except ImportError:
     BOS_ID, SEP_ID, YES_ID, NO_ID = 1, 3, 5, 6
 
-HAS_GRAPH_FLAG = "cuda_graphs" in {f.name for f in dataclasses.fields(EngineConfig)}
 T0 = time.perf_counter()
 
 
@@ -229,19 +227,11 @@ def timed(fn: Callable[[], Any], device: torch.device, repeats: int,
     return times, result
 
 
-def engine_config(graphs: bool | None, **kwargs: Any) -> EngineConfig:
-    """EngineConfig with ``cuda_graphs=graphs`` where the field exists (None: its default)."""
-    if graphs is not None and HAS_GRAPH_FLAG:
-        kwargs["cuda_graphs"] = graphs
-    return EngineConfig(**kwargs)
+GRAPH_SETTINGS = (True, False)  # EngineConfig.cuda_graphs: captured, then the same eagerly
 
 
-def graph_settings() -> list[bool | None]:
-    return [True, False] if HAS_GRAPH_FLAG else [None]
-
-
-def graphs_label(graphs: bool | None) -> str:
-    return {True: "graphs", False: "eager", None: "default"}[graphs]
+def graphs_label(graphs: bool) -> str:
+    return "graphs" if graphs else "eager"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,8 +298,6 @@ def machine_info(device: torch.device) -> dict[str, Any]:
         "python": platform.python_version(), "host": platform.node(),
         "cpu_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "genrec": cm._genrec_revision(), "date": time.strftime("%Y-%m-%d %H:%M"),
-        "cuda_graphs_flag": HAS_GRAPH_FLAG,
-        "sync_trap": importlib.util.find_spec("genrec.utils.sync_trap") is not None,
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -445,7 +433,7 @@ def part_tests(run: Run) -> None:
 # c. DuoLM scoring
 
 
-def score_setting(run: Run, engine: Engine, graphs: bool | None, users: list, n_u: int, n: int,
+def score_setting(run: Run, engine: Engine, graphs: bool, users: list, n_u: int, n: int,
                   prefix_len: int, params: ScoreParams, name: str) -> torch.Tensor:
     """Time one scoring setting (``n_u`` users x ``n`` candidates in one call); returns the
     first user's scores."""
@@ -492,8 +480,8 @@ def part_scoring(run: Run) -> None:
     log(f"scoring: item table {sz.table_items:,} x {sz.k} virtual tokens, prefix {prefix_len} "
         f"tokens, settings (users x candidates) {list(sz.score_settings)}")
     first: dict[tuple[bool | None, int, int], torch.Tensor] = {}
-    for graphs in graph_settings():
-        engine = Engine(model, config=engine_config(graphs))
+    for graphs in GRAPH_SETTINGS:
+        engine = Engine(model, config=EngineConfig(cuda_graphs=graphs))
         engine.set_item_table(table)
         for n_u, n in sz.score_settings:
             name = f"scoring {graphs_label(graphs)} {n_u}x{n}"
@@ -531,7 +519,7 @@ def make_catalog(n_items: int, levels: int, codes: int, seed: int) -> SemanticIn
 
 
 def beam_setting(run: Run, engine: Engine, model_name: str, shape: cm.ModelShape,
-                 graphs: bool | None, requests: list[RecommendRequest], prompt: int,
+                 graphs: bool, requests: list[RecommendRequest], prompt: int,
                  params: BeamParams, name: str) -> list[list[int]]:
     """Time one beam-search setting (``len(requests)`` requests per call); returns the items
     of each request."""
@@ -576,9 +564,9 @@ def part_beam(run: Run) -> None:
         if model is None:
             continue
         log(f"beam {model_name}: {shape.describe()}, {params_of(shape)[1] / 1e9:.2f} B params")
-        items: dict[tuple[bool | None, int], list[list[int]]] = {}
-        for graphs in graph_settings():
-            engine = Engine(model, config=engine_config(graphs, soft_token_id=SOFT_ID))
+        items: dict[tuple[bool, int], list[list[int]]] = {}
+        for graphs in GRAPH_SETTINGS:
+            engine = Engine(model, config=EngineConfig(cuda_graphs=graphs, soft_token_id=SOFT_ID))
             engine.set_catalog(catalog)
             for b in sz.batches:
                 name = f"beam {model_name} {graphs_label(graphs)} batch {b}"
@@ -611,7 +599,7 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def goals(run: Run) -> list[dict[str, Any]]:
     out = []
-    default = True if HAS_GRAPH_FLAG else None
+    default = True
     big = max(run.sizes.score_settings, key=lambda s: (s[0] == 1, s[1]))  # 1 user, most cands
     rec = next((r for r in run.out["scoring"] if r["cuda_graphs"] == default
                 and (r["users"], r["candidates_per_user"]) == big), None)
@@ -733,11 +721,6 @@ def main(argv: list[str] | None = None) -> int:
     log(f"machine: {m.get('gpu') or m.get('cpu')}; torch {m['torch']}, CUDA {m['cuda']}, "
         f"{m['cpu_cores']} CPU cores; genrec {m['genrec']}; sizes "
         f"{'smoke' if args.smoke else 'full'}, {args.dtype}, budget {budget:.0f} s")
-    if not HAS_GRAPH_FLAG:
-        run.note("EngineConfig has no cuda_graphs field (yet): each setting runs once with the "
-                 "engine's default; no graphs-vs-eager figures")
-    if not m["sync_trap"]:
-        run.note("genrec.utils.sync_trap is not there (yet): the tests skip the sync trap")
     run.attempt("peak", lambda: part_peak(run))
     run.save()
     for part, fn in (("tests", part_tests), ("scoring", part_scoring), ("beam", part_beam)):

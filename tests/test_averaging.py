@@ -13,7 +13,7 @@ from genrec.model import build_model
 from genrec.model.checkpoint import load_model, save_model
 from genrec.model.config import ModelConfig
 from genrec.training.averaging import SOURCES_FILE, AveragingError, average_checkpoints
-from genrec.training.loop import STATE_FILE
+from genrec.training.checkpoints import STATE_FILE
 
 
 def tiny_config(**overrides) -> ModelConfig:

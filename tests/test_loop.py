@@ -13,8 +13,9 @@ from genrec.catalog.semantic_ids import with_dedup_level
 from genrec.generative.vocab import SidVocab
 from genrec.model import build_model
 from genrec.model.checkpoint import load_model
+from genrec.training.checkpoints import BEST, LAST, STATE_FILE
 from genrec.training.generative import GenerativeTask, init_weights, scratch_config
-from genrec.training.loop import BEST, LAST, STATE_FILE, LoopConfig, fit, warmup_cosine
+from genrec.training.loop import LoopConfig, fit, warmup_cosine
 
 N_ITEMS = 30
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from genrec.catalog.trie import SemanticTrie
+from genrec.utils.sizes import next_power_of_two
 
 # per level: edges closed for every request (all items dead), edges closed per request [R, S]
 # (dead or excluded), edges open per request [R, S] (some allowed item); None: no list
@@ -228,7 +229,7 @@ def padded_lists(lists: LevelLists, num_requests: int, capacity: int | None = No
         if t is None:
             out.append(None)
             continue
-        cap = capacity or 1 << max(int(t.shape[-1]) - 1, 0).bit_length()
+        cap = capacity or next_power_of_two(int(t.shape[-1]))
         if k == 0:
             shape = (max(cap, t.shape[0]),)
         else:

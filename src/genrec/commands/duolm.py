@@ -147,9 +147,9 @@ def train_teacher(
     from genrec.duolm.prompts import TeacherPrompts
     from genrec.model import load_model
     from genrec.model.registry import build_model
+    from genrec.training.checkpoints import LAST
     from genrec.training.duolm import RankingTask, init_text_embeddings, ranker_config
     from genrec.training.generative import init_weights
-    from genrec.training.loop import LAST
 
     dev = resolve_device(device, threads)
     args = {k: str(v) if isinstance(v, Path) else v for k, v in locals().items()

@@ -174,7 +174,8 @@ def train_generative(
     from genrec.model import load_model
     from genrec.training import generative as gen
     from genrec.training import user_vectors as uv
-    from genrec.training.loop import LAST, LoopConfig, fit
+    from genrec.training.checkpoints import LAST
+    from genrec.training.loop import LoopConfig, fit
 
     dev = resolve_device(device, threads)
     main = main_process()  # under torchrun: rank 0 writes and reports

@@ -35,6 +35,7 @@ from genrec.engine.beam import (
 from genrec.model.decoder import DecoderLM
 from genrec.model.kv_cache import KVCache
 from genrec.utils.cuda_graphs import capture
+from genrec.utils.sizes import next_power_of_two
 
 if TYPE_CHECKING:
     from genrec.engine.params import EngineConfig
@@ -53,7 +54,7 @@ def bucket(n: int, buckets: tuple[int, ...] | None) -> int | None:
 def prefix_bucket(longest: int) -> int:
     """Prefix capacity of a search whose longest prompt has ``longest`` tokens: the next
     power of two, at least :data:`MIN_PREFIX_BUCKET`."""
-    return max(MIN_PREFIX_BUCKET, 1 << max(longest - 1, 0).bit_length())
+    return max(MIN_PREFIX_BUCKET, next_power_of_two(longest))
 
 
 class SearchBuffers:
@@ -71,6 +72,8 @@ class SearchBuffers:
         self.prefix_len = torch.zeros(requests, dtype=torch.long, device=dev)
         # ancestry of the level-0 beams: every row reads its own slots
         self.ancestry = torch.arange(n_beams, device=dev)[:, None].repeat(1, tail)
+        self._nbytes = self.cache.nbytes() + sum(t.numel() * t.element_size() for t in (
+            self.hidden, self.prefix_len, self.ancestry))
 
     def load(self, hidden: torch.Tensor, prefix_len: torch.Tensor) -> None:
         """Copy the prompts' hidden states [R, H] and prefix lengths [R] in (R <= rows)."""
@@ -82,8 +85,8 @@ class SearchBuffers:
             self.prefix_len[r:].zero_()
 
     def nbytes(self) -> int:
-        return self.cache.nbytes() + sum(t.numel() * t.element_size() for t in (
-            self.hidden, self.prefix_len, self.ancestry))
+        """Bytes of the buffers (fixed when made)."""
+        return self._nbytes
 
 
 def _shape_of(lists: list[list[LevelLists]]) -> tuple:
@@ -196,9 +199,8 @@ class RunnerPool:
         # held while a graph is captured; a thread preparing batches on the same device (the
         # server's overlap) takes it around its device work
         self.capture_lock = threading.Lock()
-        self._pool = None
-        if config.graphs:
-            self._pool = torch.cuda.graph_pool_handle()
+        # one memory pool for every graph of this engine (searches and scoring grids)
+        self.graph_pool = torch.cuda.graph_pool_handle() if config.graphs else None
 
     def buffers(self, requests: int, width: int, prefix_cap: int, levels: int
                 ) -> SearchBuffers:
@@ -240,7 +242,7 @@ class RunnerPool:
         found = self._runners.pop(key, None)
         if found is None:
             found = BeamRunner(self.model, buffers, parts, level_offsets, lists, restricted,
-                               graph, self._pool, self.capture_lock)
+                               graph, self.graph_pool, self.capture_lock)
         self._runners[key] = found
         while len(self._runners) > self.config.max_runners:
             self._runners.popitem(last=False)

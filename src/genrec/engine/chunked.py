@@ -18,6 +18,7 @@ import torch
 from genrec.engine.batch import PackedBatch
 from genrec.model.decoder import DecoderLM
 from genrec.model.layout import AttentionLayout, Readout, branch_last_readout, build_layout
+from genrec.utils.device import to_device
 from genrec.utils.sync_trap import host_side
 
 
@@ -86,7 +87,7 @@ def _chunk_plan(
     if last_only:
         readout = _last_readout(batch, lo, hi, local[torch.cumsum(chunk_lens, 0) - 1],
                                 device, r0, r1, full.prefix_cap)
-    return layout.to(device), rows.to(device), readout, r0, r1
+    return layout.to(device), to_device(rows, device), readout, r0, r1
 
 
 def forward_chunked(

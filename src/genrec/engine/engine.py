@@ -52,8 +52,11 @@ class Engine:
         self.item_table: ItemTable | None = None
         self.catalog: CatalogState | None = None  # the generative catalog, swapped whole
         self.searches = RunnerPool(self.model, runner_config(self.config, self.model.device))
-        # one capture lock for both: the server's preparing thread takes it (see Worker)
-        self.scorers = ScoreRunnerPool(self.model, self.config, self.searches.capture_lock)
+        # scoring grids share the searches' settings, capture lock and graph pool; on by
+        # default on CUDA only (on the CPU the packed path is faster)
+        on = self.config.score_runners
+        self.scorers = ScoreRunnerPool(self.model, self.searches,
+                                       on if on is not None else self.model.device.type == "cuda")
         if item_table is not None:
             self.set_item_table(item_table)
         if vocab is not None:

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 import torch
 
 from genrec.engine.batch import PackedBatch
-from genrec.engine.beam_runner import GPU_REQUEST_BUCKETS, bucket, prefix_bucket
-from genrec.engine.params import EngineConfig, ScoreParams
+from genrec.engine.beam_runner import RunnerPool, bucket, prefix_bucket
+from genrec.engine.params import ScoreParams
 from genrec.model.decoder import DecoderLM
 from genrec.model.score_grid import ScoreGridLayout
 from genrec.utils.cuda_graphs import capture
+from genrec.utils.sizes import next_power_of_two
 
 MAX_GRID_TOKENS = 1 << 16
 
@@ -52,12 +53,20 @@ def grid_key(batch: PackedBatch, params: ScoreParams,
     rows = bucket(len(batch.prefix_lens), request_buckets)
     if rows is None:
         return None
-    width = 1 << max(max(batch.branch_counts) - 1, 0).bit_length()
+    width = next_power_of_two(max(batch.branch_counts))
     cap = prefix_bucket(max(batch.prefix_lens))
     if rows * (cap + width * k) > MAX_GRID_TOKENS:
         return None
     labels = tuple(params.label_token_ids or ()) if params.mode == "labels" else ()
     return GridKey(rows, cap, width, k, params.mode, labels, params.apply_softmax)
+
+
+def _segments(starts: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    """``starts[i], starts[i] + 1, ..., starts[i] + lens[i] - 1`` for every i, concatenated."""
+    total = int(lens.sum())
+    first = torch.cumsum(lens, 0) - lens
+    seg = torch.repeat_interleave(torch.arange(lens.numel()), lens, output_size=total)
+    return starts[seg] + torch.arange(total) - first[seg]
 
 
 class ScoreRunner:
@@ -76,26 +85,27 @@ class ScoreRunner:
         cols = max(len(key.labels), 1) if key.mode == "labels" else 1
         self.out = torch.zeros(key.requests * key.width, cols, device=dev)
         self.graph: torch.cuda.CUDAGraph | None = None
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.embeds, self.used, self.out))
+        self.nbytes = sum(t.numel() * t.element_size() for t in (self.embeds, self.used,
+                                                                  self.out))
 
     def load(self, batch: PackedBatch, embeds: torch.Tensor) -> torch.Tensor:
         """Scatter the packed batch's input embeddings [T, H] into the grid; returns the grid
         row of each real candidate's score (on the device)."""
         key, dev = self.key, self.embeds.device
-        rows, cands, prefix_rows = [], [], key.requests * key.prefix_cap
-        for r, (p_len, count) in enumerate(zip(batch.prefix_lens, batch.branch_counts,
-                                               strict=True)):
-            rows.extend(range(r * key.prefix_cap, r * key.prefix_cap + p_len))
-            first = prefix_rows + r * key.width * key.branch_len
-            rows.extend(range(first, first + count * key.branch_len))
-            cands.extend(range(r * key.width, r * key.width + count))
+        n_req, k = len(batch.prefix_lens), key.branch_len
+        p_len = torch.tensor(batch.prefix_lens, dtype=torch.long)
+        count = torch.tensor(batch.branch_counts, dtype=torch.long)
+        r = torch.arange(n_req)
+        # packed order: request after request, its prefix then its candidates; the grid's
+        # segments for them: prefix slots of row r, candidate tokens of row r
+        starts = torch.stack((r * key.prefix_cap,
+                              key.requests * key.prefix_cap + r * key.width * k), 1).view(-1)
+        lens = torch.stack((p_len, count * k), 1).view(-1)
         self.embeds.zero_()
-        self.embeds.index_copy_(0, torch.tensor(rows, dtype=torch.long).to(dev), embeds)
-        used = batch.prefix_lens + [0] * (key.requests - len(batch.prefix_lens))
-        self.used.copy_(torch.tensor(used, dtype=torch.long))
-        return torch.tensor(cands, dtype=torch.long).to(dev)
+        self.embeds.index_copy_(0, _segments(starts, lens).to(dev), embeds)
+        self.used.zero_()
+        self.used[:n_req].copy_(p_len)
+        return _segments(r * key.width, count).to(dev)
 
     def _forward(self) -> torch.Tensor:
         key, model = self.key, self.model
@@ -123,19 +133,15 @@ class ScoreRunnerPool:
     """The grid runners of one engine (least recently used dropped past ``max_runners`` or
     ``max_bytes``); ``enabled``: whether batches use them. One batch at a time."""
 
-    def __init__(self, model: DecoderLM, config: EngineConfig,
-                 capture_lock: threading.Lock | None = None) -> None:
-        cuda = model.device.type == "cuda"
-        self.capture_lock = capture_lock or threading.Lock()
-        self.model = model
-        self.enabled = config.score_runners if config.score_runners is not None else cuda
-        self.request_buckets = config.search_request_buckets or (
-            GPU_REQUEST_BUCKETS if cuda else None)
-        self.graphs = cuda and config.cuda_graphs
-        self.max_runners, self.max_bytes = config.max_search_runners, config.max_search_buffer_bytes
+    def __init__(self, model: DecoderLM, searches: RunnerPool, enabled: bool) -> None:
+        # the search runners' settings, capture lock and graph memory pool
+        self.model, self.enabled = model, enabled
+        config = searches.config
+        self.request_buckets, self.graphs = config.request_buckets, config.graphs
+        self.max_runners, self.max_bytes = config.max_runners, config.max_bytes
+        self.capture_lock, self._pool = searches.capture_lock, searches.graph_pool
         self._runners: OrderedDict[GridKey, ScoreRunner] = OrderedDict()
         self._lock = threading.Lock()
-        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
 
     def key(self, batch: PackedBatch, params: ScoreParams) -> GridKey | None:
         """The grid ``batch`` runs on, ``None`` for the packed path."""
@@ -152,7 +158,7 @@ class ScoreRunnerPool:
             self._runners[key] = runner
             while len(self._runners) > 1 and (
                     len(self._runners) > self.max_runners
-                    or sum(r.nbytes() for r in self._runners.values()) > self.max_bytes):
+                    or sum(r.nbytes for r in self._runners.values()) > self.max_bytes):
                 self._runners.popitem(last=False)
             cands = runner.load(batch, embeds)
             scores = runner.run()[cands]

@@ -8,6 +8,7 @@ from genrec.engine.batch import PackedBatch
 from genrec.engine.inputs import InputError
 from genrec.engine.params import ScoreParams
 from genrec.model.decoder import DecoderLM
+from genrec.utils.device import to_device
 from genrec.utils.sync_trap import host_side
 
 
@@ -20,9 +21,9 @@ def read_scores(
     """
     device = hidden.device
     lens = torch.tensor(batch.branch_lens, dtype=torch.long)
-    last = (batch.branch_starts + lens - 1).to(device)
+    last = to_device(batch.branch_starts + lens - 1, device)
     if params.mode == "labels":
-        labels = torch.tensor(params.label_token_ids, dtype=torch.long, device=device)
+        labels = to_device(torch.tensor(params.label_token_ids, dtype=torch.long), device)
         h = hidden[last]
         picked = model.label_logits(h, labels)  # [NB, K]
         if params.apply_softmax:
@@ -55,7 +56,7 @@ def _summed_loglik(model: DecoderLM, hidden: torch.Tensor, batch: PackedBatch) -
         if bool((targets < 0).any()) or bool((targets >= model.config.vocab_size).any()):
             raise InputError("'loglik' mode scores text tokens only: a candidate holds item "
                              "tokens or raw embeddings")
-        predictors = torch.where(j == 0, prefix_last, rows - 1).to(device)
-        targets, branch_of = targets.to(device), branch_of.to(device)
+        predictors = to_device(torch.where(j == 0, prefix_last, rows - 1), device)
+        targets, branch_of = to_device(targets, device), to_device(branch_of, device)
     logp = model.token_logprobs(hidden[predictors], targets)
     return torch.zeros(n_br, device=device).index_add_(0, branch_of, logp)

@@ -19,6 +19,8 @@ from functools import lru_cache
 
 import torch
 
+from genrec.utils.device import to_device
+
 Lengths = Sequence[int] | torch.Tensor
 
 
@@ -81,10 +83,8 @@ class AttentionLayout:
             return self
         key = ("to", str(device))
         if key not in self._derived:
-            pinned = device.type == "cuda"
             moved = {
-                name: _moved(value, device, pinned) if isinstance(value, torch.Tensor)
-                else value
+                name: to_device(value, device) if isinstance(value, torch.Tensor) else value
                 for name, value in self.__dict__.items()
                 if name != "_derived"
             }
@@ -113,13 +113,6 @@ class AttentionLayout:
                 mask = zeros.masked_fill(~mask, float("-inf")).expand(mask.shape).contiguous()
             self._derived[key] = mask
         return self._derived[key]
-
-
-def _moved(t: torch.Tensor, device: torch.device, pinned: bool) -> torch.Tensor:
-    # a host tensor to a GPU through pinned memory (an asynchronous copy on the stream)
-    if pinned and t.device.type == "cpu":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
 
 
 def build_layout(
@@ -249,7 +242,7 @@ class Readout:
     layout: AttentionLayout
 
     def to(self, device: torch.device | str) -> Readout:
-        return Readout(self.rows.to(device), self.layout.to(device))
+        return Readout(to_device(self.rows, device), self.layout.to(device))
 
 
 # Layouts up to this many tokens are memoised by shared_layout (larger ones are rebuilt).

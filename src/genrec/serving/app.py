@@ -161,8 +161,7 @@ def overlap_stages(worker: BatchWorker, overlap: bool | None) -> Stages | None:
         overlap = worker.engine.model.device.type == "cuda"
     if not overlap:
         return None
-    return Stages(lambda message, payloads: worker.prepare(message, payloads), worker.finish,
-                  worker.barrier)
+    return Stages(worker.prepare, worker.finish, worker.barrier)
 
 
 def build_app(worker: BatchWorker, *, tokenizer: Any = None,

@@ -215,7 +215,7 @@ class Worker:
         return PreparedBatch(message, payloads, version, work)
 
     def finish(self, prepared: PreparedBatch) -> list[Any]:
-        """Run a :meth:`prepare` d batch: one result per payload (see :meth:`run`)."""
+        """Run a batch from :meth:`prepare`: one result per payload (see :meth:`run`)."""
         if prepared.work is None:
             return self.run(prepared.message, prepared.payloads)
         with self._batch:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from genrec.training.loop import STATE_FILE
+from genrec.training.checkpoints import STATE_FILE
 
 SOURCES_FILE = "averaged_from.json"
 

@@ -55,9 +55,9 @@ class World:
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat)
         start = 0
-        for p in params:
+        for p in params:  # views of the summed buffer: no copy
             n = p.numel()
-            p.grad = flat[start : start + n].view_as(p).clone()
+            p.grad = flat[start : start + n].view_as(p)
             start += n
 
     def sum(self, value: float) -> float:

@@ -29,8 +29,6 @@ from tqdm.auto import tqdm
 
 from genrec.model.checkpoint import load_model
 from genrec.training.checkpoints import (
-    BEST,
-    EPOCHS,
     LAST,
     STATE_FILE,
     keep_epoch,
@@ -44,9 +42,6 @@ from genrec.training.distributed import World, current_world
 from genrec.utils.atomic import atomic_write_json
 
 HISTORY_FILE = "history.json"
-# the run's file names, importable from here (checkpoints.py holds them)
-__all__ = ["BEST", "EPOCHS", "HISTORY_FILE", "LAST", "STATE_FILE", "FitResult", "LoopConfig",
-           "TrainTask", "fit", "warmup_cosine"]
 
 
 class TrainTask(Protocol):
