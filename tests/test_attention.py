@@ -180,3 +180,17 @@ def test_fused_branch_attention_merges_like_the_portable_one(
     want = beam_step.branch_attention_portable(q, pk, pv, used, ok, ov, width, causal, 0.3)
     got = beam_step._branch_attention_fused(q, pk, pv, used, ok, ov, width, causal, 0.3)
     assert (got - want).abs().max() < 1e-5
+
+
+def test_attend_math_stays_fp32_under_bf16_autocast() -> None:
+    # training under --precision bf16: a bf16 score product would overflow the fp32 floor of
+    # the row maxima ("value cannot be converted to type c10::BFloat16 without overflow")
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 6, 8, generator=g) for _ in range(3))
+    for mask, causal in ((None, True), (torch.zeros(1, 1, 6, 6), False)):
+        ref_out, ref_lse = attend_math(q, k[:, :2], v[:, :2], mask, causal, 0.3)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, lse = attend_math(q, k[:, :2], v[:, :2], mask, causal, 0.3)
+        assert out.dtype == torch.float32 and lse.dtype == torch.float32
+        torch.testing.assert_close(out, ref_out)
+        torch.testing.assert_close(lse, ref_lse)

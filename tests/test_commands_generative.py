@@ -59,6 +59,25 @@ def test_index_train_eval_end_to_end(tmp_path: Path) -> None:
     assert {"recall@5", "ndcg@5", "recall@10", "ndcg@10", "n_users", "beam_width",
             "wall_seconds"} <= set(metrics)
     assert metrics["n_users"] == 8 and "ndcg@10" in out
+    # popularity on the same 8 users beside the model, in the output and the JSON
+    from genrec.data import load_json_dataset
+    from genrec.evaluation.generative import popularity_split
+
+    ds = load_json_dataset(data)
+    pop = popularity_split(ds.sequences, ds.num_items, "test", 5, users=8)
+    assert metrics["popularity"] == {k: pop[k] for k in ("recall@5", "ndcg@5", "recall@10",
+                                                         "ndcg@10")}
+    assert "popularity" in out and f"{pop['ndcg@10']:.4f}" in out.split("popularity")[1]
+    assert metrics["history_masked"] is False and "history not masked" in out
+    # --mask-history: the model's and popularity's recommendations skip the user's items
+    out = invoke("eval", "--model", run, "--data", data, "--json", tmp_path / "masked.json",
+                 "--beam-width", "10", "--users", "8", "--no-progress", "--device", "cpu",
+                 "--mask-history")
+    masked = json.loads((tmp_path / "masked.json").read_text())
+    pop = popularity_split(ds.sequences, ds.num_items, "test", 5, users=8, mask_history=True)
+    assert masked["history_masked"] is True and "history masked" in out
+    assert masked["popularity"] == {k: pop[k] for k in ("recall@5", "ndcg@5", "recall@10",
+                                                        "ndcg@10")}
     out = invoke("train", "generative", "--data", data, "--index", tmp_path / "index.json",
                  "--out", run, "--epochs", "3", "--resume", *tiny)
     assert json.loads((run / "history.json").read_text())[-1]["epoch"] == 3

@@ -1,11 +1,13 @@
 """Data-parallel training with real processes: ``genrec train generative --nproc 2`` (torchrun,
-gloo) reaches the weights of one process on the same global batches; a rank killed mid-run
-leaves the last checkpoint loadable and ``--resume`` (with one process) goes on from it."""
+gloo) reaches the weights of one process on the same global batches, with ``--fsdp`` too (FSDP2
+shards); a rank killed mid-run leaves the last checkpoint loadable and ``--resume`` (with one
+process) goes on from it; a run resumes with another rank count, with or without FSDP."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +18,7 @@ import pytest
 import torch
 from test_commands_generative import invoke, write_dataset
 
+from genrec.engine import Engine
 from genrec.model import load_model
 from genrec.training.distributed import World, without_option
 from genrec.training.generative import IGNORE, GenerativeTask
@@ -25,6 +28,9 @@ TINY = ["--hidden", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1", "-
         "--device", "cpu", "--threads", "1", "--patience", "0", "--user-vectors", "svd",
         "--user-dim", "4"]
 
+
+# FSDP2 orders its gathers with stream events, which the CPU has from torch 2.7 on
+FSDP_ON_CPU = hasattr(torch.cpu.Stream, "record_event")
 
 TEACHER = ["--hidden", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1",
            "--max-history", "5", "--negatives", "4", "--users-per-step", "8", "--val-users", "6",
@@ -55,20 +61,25 @@ def _train(data: tuple[Path, Path], out: Path, *extra: str, wait: bool = True,
     return done
 
 
-def test_two_ranks_reach_the_weights_of_one_process(data: tuple[Path, Path],
+ACCUM = ("--grad-accum", "2")  # two batches per optimizer step
+
+
+@pytest.fixture(scope="module")
+def one_process(data: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of 2 epochs in one process (no distribution): the reference of the ranks."""
+    out = tmp_path_factory.mktemp("one") / "run"
+    _train(data, out, "--epochs", "2", *ACCUM)
+    return out
+
+
+def test_two_ranks_reach_the_weights_of_one_process(data: tuple[Path, Path], one_process: Path,
                                                     tmp_path: Path) -> None:
-    _train(data, tmp_path / "one", "--epochs", "2")
-    two = _train(data, tmp_path / "two", "--epochs", "2", "--nproc", "2")
+    two = _train(data, tmp_path / "two", "--epochs", "2", "--nproc", "2", *ACCUM)
     assert two.stdout.count("best epoch") == 1  # rank 0 reports
-    a = load_model(tmp_path / "one" / "last").state_dict()
-    b = load_model(tmp_path / "two" / "last").state_dict()
-    assert a.keys() == b.keys()
-    moved = max(float((load_model(tmp_path / "one" / "last").state_dict()[k]).abs().max())
-                for k in a)
-    assert moved > 0
-    for k in a:
-        assert torch.allclose(a[k], b[k], atol=2e-5, rtol=1e-4), k
-    one = json.loads((tmp_path / "one" / "history.json").read_text())
+    a = load_model(one_process / "last").state_dict()
+    assert max(float(v.abs().max()) for v in a.values()) > 0
+    _assert_same_weights(one_process, tmp_path / "two")
+    one = json.loads((one_process / "history.json").read_text())
     two_h = json.loads((tmp_path / "two" / "history.json").read_text())
     assert [e["ranks"] for e in two_h] == [2, 2] and [e["steps"] for e in one] == [
         e["steps"] for e in two_h]
@@ -120,6 +131,35 @@ def test_a_killed_rank_leaves_a_checkpoint_that_resumes(data: tuple[Path, Path],
     assert len(history) == done + 1 and history[-1]["ranks"] == 1
 
 
+@pytest.mark.skipif(not FSDP_ON_CPU, reason="FSDP2 on the CPU needs torch >= 2.7 (CPU stream "
+                    "events); genrec refuses --fsdp there with that message")
+def test_fsdp_ranks_reach_the_weights_of_one_process_and_resume_across(
+        data: tuple[Path, Path], one_process: Path, tmp_path: Path) -> None:
+    # the same global batches, two per step: two ranks holding half of every weight, gradient
+    # and AdamW state take the steps of one unsharded process
+    _train(data, tmp_path / "fsdp", "--epochs", "2", "--nproc", "2", "--fsdp", *ACCUM)
+    _assert_same_weights(one_process, tmp_path / "fsdp")
+    engine = Engine.from_pretrained(tmp_path / "fsdp" / "last")  # the full weights, HF layout
+    assert engine.vocab is not None and engine.model.config.user_dim == 4
+    # the FSDP run goes on in one unsharded process, the unsharded one with two FSDP ranks
+    shutil.copytree(one_process, tmp_path / "one_then_fsdp")
+    _train(data, tmp_path / "fsdp", "--epochs", "3", "--resume", *ACCUM)
+    _train(data, tmp_path / "one_then_fsdp", "--epochs", "3", "--resume", "--nproc", "2",
+           "--fsdp", *ACCUM)
+    _assert_same_weights(tmp_path / "fsdp", tmp_path / "one_then_fsdp")
+    ranks = {name: [e["ranks"] for e in json.loads((tmp_path / name / "history.json")
+                                                   .read_text())]
+             for name in ("fsdp", "one_then_fsdp")}
+    assert ranks == {"fsdp": [2, 2, 1], "one_then_fsdp": [1, 1, 2]}
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = (load_model(run / "last").state_dict() for run in (a, b))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.allclose(wa[k], wb[k], atol=2e-5, rtol=1e-4), k
+
+
 def _children(pid: int) -> list[int]:
     found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
     return [int(p) for p in found.stdout.split()]
@@ -151,3 +191,17 @@ def test_shards_split_a_batch_and_its_loss_terms() -> None:
     assert task.shard(batch, n, n + 1) == (None, 0.0)  # more ranks than windows: nothing
     assert World().main and World(1, 2).main is False
     assert without_option(["a", "--nproc", "2", "--nproc=3", "b"], "--nproc") == ["a", "b"]
+
+
+def test_one_rank_trains_unsharded_and_unknown_shardings_are_refused() -> None:
+    from genrec.training.loop import LoopConfig
+    from genrec.training.sharding import train_model
+
+    model = torch.nn.Linear(2, 2)
+    train = train_model(model, None, World(), "fsdp")  # nothing to shard across
+    assert not train.sharded and train.view is model and train.root.model is model
+    assert train.loss_scale(World()) == 1.0
+    with pytest.raises(ValueError, match="sharding"):
+        LoopConfig(sharding="zero").validate()
+    with pytest.raises(ValueError, match="sharding"):
+        train_model(model, None, World(), "zero")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -9,7 +11,12 @@ from genrec.catalog.semantic_ids import with_dedup_level
 from genrec.engine import BeamParams, Engine, EngineConfig, RecommendRequest
 from genrec.evaluation.generative import (
     evaluate_generative,
+    evaluate_popularity,
     evaluate_split,
+    full_histories,
+    item_counts,
+    popularity_split,
+    popularity_top,
     sample_examples,
     split_examples,
 )
@@ -100,3 +107,45 @@ def test_evaluate_split_reports_time_and_checks_inputs() -> None:
         evaluate_generative(engine, [])
     with pytest.raises(ValueError, match="n \\(10\\) must not exceed beam_width"):
         evaluate_generative(engine, split_examples(sequences(), "test", 5), beam_width=5)
+
+
+def test_excluded_items_are_never_recommended() -> None:
+    engine = make_engine()
+    seqs = sequences()
+    examples = split_examples(seqs, "test", 5)
+    masks = full_histories(seqs, examples, "test")
+    assert masks[0] == seqs[examples[0].user][:-1]
+    free = engine.recommend([RecommendRequest(e.history) for e in examples], BeamParams(12, 10))
+    masked = evaluate_generative(engine, examples, beam_width=12, exclude=masks)
+    recs = engine.recommend([RecommendRequest(e.history, exclude=m)
+                             for e, m in zip(examples, masks, strict=True)], BeamParams(12, 10))
+    assert all(not set(r.items) & set(m) for r, m in zip(recs, masks, strict=True))
+    assert any(set(r.items) & set(m) for r, m in zip(free, masks, strict=True))
+    top = torch.tensor([r.items + [-1] * (10 - len(r.items)) for r in recs])
+    manual = ranking_metrics(target_ranks(top, torch.tensor([e.target for e in examples])))
+    assert all(masked[k] == pytest.approx(v) for k, v in manual.items())
+    with pytest.raises(ValueError, match="exclude"):
+        evaluate_generative(engine, examples, beam_width=12, exclude=masks[:1])
+    # evaluate_split(mask_history=True) is the same evaluation over the full histories
+    split = evaluate_split(engine, seqs, "test", beam_width=12, mask_history=True)
+    assert all(split[k] == pytest.approx(v) for k, v in masked.items() if k != "seconds")
+
+
+def test_popularity_counts_training_items_and_masks_history() -> None:
+    seqs = [[0, 1, 2, 3, 4], [1, 2, 5, 6], [3, 1, 4], [2, 2]]  # the last user is short
+    counts = item_counts(seqs, 8)
+    # training parts: [0, 1, 2], [1, 2], [3], and all of the short user's [2, 2]
+    assert counts.tolist() == [1, 2, 4, 1, 0, 0, 0, 0]
+    assert popularity_top(counts, 3, 2).tolist() == [[2, 1, 0], [2, 1, 0]]  # ties: lower index
+    assert popularity_top(counts, 3, 1, exclude=[[2, 0]]).tolist() == [[1, 3, 4]]
+    assert popularity_top(torch.tensor([3, 1]), 3, 1, exclude=[[0]]).tolist() == [[1, -1, -1]]
+    examples = split_examples(seqs, "test", max_history=2)  # targets 4, 6, 4
+    plain = evaluate_popularity(seqs, examples, 8, ks=(5,))  # top 5: 2, 1, 0, 3, 4
+    assert plain["n_users"] == 3 and plain["recall@5"] == pytest.approx(2 / 3)
+    assert plain["ndcg@5"] == pytest.approx(2 / math.log2(6) / 3)  # item 4 ranks 5th twice
+    masks = full_histories(seqs, examples, "test")
+    masked = evaluate_popularity(seqs, examples, 8, ks=(5,), exclude=masks)
+    # user 0 gets 4 first, user 1 gets [0, 3, 4, 6, ...], user 2 gets [2, 0, 4, ...]
+    assert masked["recall@5"] == 1.0
+    assert masked["ndcg@5"] == pytest.approx((1 + 1 / math.log2(5) + 1 / math.log2(4)) / 3)
+    assert popularity_split(seqs, 8, "test", 2, users=2)["n_users"] == 2

@@ -111,8 +111,10 @@ def score(
 
 # Commands defined in genrec.commands are registered here, one line each.
 from genrec.commands.average import average_command  # noqa: E402
+from genrec.commands.common import train_app  # noqa: E402
 from genrec.commands.duolm import encode_catalog  # noqa: E402  (also adds train teacher/duolm)
-from genrec.commands.generative import eval_command, index_command, train_app  # noqa: E402
+from genrec.commands.generative import eval_command  # noqa: E402  (also adds train generative)
+from genrec.commands.index import index_command  # noqa: E402
 from genrec.commands.plot import plot_command  # noqa: E402
 from genrec.commands.serve import serve  # noqa: E402
 

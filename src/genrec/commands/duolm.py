@@ -12,6 +12,18 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from genrec.commands.common import (
+    INPUT_ERRORS,
+    DeviceOpt,
+    FsdpOpt,
+    GradAccumOpt,
+    NprocOpt,
+    PrecisionOpt,
+    ThreadsOpt,
+    fail,
+    train_app,
+    write_train_args,
+)
 from genrec.commands.dataset import (
     DataOpt,
     InterOpt,
@@ -19,17 +31,6 @@ from genrec.commands.dataset import (
     TableOpt,
     load_dataset,
     table_options,
-)
-from genrec.commands.generative import (
-    _INPUT_ERRORS,
-    DeviceOpt,
-    GradAccumOpt,
-    NprocOpt,
-    PrecisionOpt,
-    ThreadsOpt,
-    _fail,
-    train_app,
-    write_train_args,
 )
 from genrec.utils.device import resolve_device
 
@@ -40,7 +41,8 @@ if TYPE_CHECKING:
 FEATURES_FILE = "item_features.pt"
 
 
-def _item_text(ds: Dataset) -> dict[int, dict[str, str]]:
+def dataset_item_text(ds: Dataset) -> dict[int, dict[str, str]]:
+    """The dataset's item text (ValueError naming the dataset when it has none)."""
     if ds.item_text is None:
         raise ValueError(f"{ds.name}: the dataset has no item text; DuoLM reads item text")
     return ds.item_text
@@ -59,7 +61,7 @@ def catalog_features(
     from genrec.duolm.encoder import ItemFeatures, compute_features
     from genrec.utils.atomic import atomic_write
 
-    texts = item_texts(_item_text(ds), ds.num_items)
+    texts = item_texts(dataset_item_text(ds), ds.num_items)
     key = hashlib.sha256(json.dumps([config.backend, config.max_text_tokens, texts])
                          .encode()).hexdigest()
     if cache is not None and cache.is_file():
@@ -73,7 +75,7 @@ def catalog_features(
     return feats
 
 
-def _val_split(ds: Dataset, max_history: int, users: int | None, negatives: int, seed: int,
+def eval_split(ds: Dataset, max_history: int, users: int | None, negatives: int, seed: int,
                split: str = "val"):  # noqa: ANN202
     """The split, a fixed sample of ``users`` examples of ``split`` (None: all; 0: none) and
     their candidate lists."""
@@ -98,7 +100,8 @@ def _train(task, model, out: Path, epochs: int, lr: float, patience: int, seed: 
         typer.echo(f"{len(task.examples)} training examples, {task.num_batches(0)} "
                    f"steps/epoch; {n_params / 1e6:.2f}M parameters on {dev}")
     cfg = LoopConfig(epochs=epochs, lr=lr, patience=patience, seed=seed, progress=progress,
-                     grad_accum=args.get("grad_accum", 1), precision=args.get("precision", "fp32"))
+                     grad_accum=args.get("grad_accum", 1), precision=args.get("precision", "fp32"),
+                     sharding="fsdp" if args.get("fsdp") else "none")
     result = fit(model.to(dev), task, out, cfg, resume=resume)
     if not main:
         return
@@ -134,7 +137,7 @@ def train_teacher(
         help="Start token embeddings from all-MiniLM-L6-v2's (PCA to the hidden size).")] = True,
     seed: int = 0, resume: bool = False, device: DeviceOpt = "auto", threads: ThreadsOpt = None,
     progress: bool = True, nproc: NprocOpt = 1, grad_accum: GradAccumOpt = 1,
-    precision: PrecisionOpt = "fp32",
+    precision: PrecisionOpt = "fp32", fsdp: FsdpOpt = False,
 ) -> None:
     """Train the full-text teacher ranker (history titles, candidate full text); with
     ``--nproc N`` (or under ``torchrun``) data-parallel."""
@@ -156,9 +159,9 @@ def train_teacher(
             if k in train_teacher.__annotations__} | dict(table or {})
     try:
         ds = load_dataset(data, interactions, items, table)
-        prompts = TeacherPrompts.from_items(_item_text(ds), ds.num_items, None, max_title_tokens,
-                                            max_text_tokens, max_history)
-        sp, val, val_cands = _val_split(ds, max_history, val_users, val_negatives, seed)
+        prompts = TeacherPrompts.from_items(dataset_item_text(ds), ds.num_items, None,
+                                            max_title_tokens, max_text_tokens, max_history)
+        sp, val, val_cands = eval_split(ds, max_history, val_users, val_negatives, seed)
         train = _sample(sp.train, max_examples, seed)
         torch.manual_seed(seed)  # the same initial weights for the same seed
         if resume and (out / LAST / "config.json").is_file():
@@ -177,8 +180,8 @@ def train_teacher(
                            users_per_step=users_per_step, seed=seed, val_examples=val,
                            val_candidates=val_cands, progress=progress)
         _train(task, model, out, epochs, lr, patience, seed, resume, progress, dev, args)
-    except _INPUT_ERRORS as err:
-        raise _fail(err) from None
+    except INPUT_ERRORS as err:
+        raise fail(err) from None
 
 
 def _sample(examples: list, n: int, seed: int) -> list:
@@ -215,7 +218,7 @@ def train_duolm(
                                                            "user.")] = 99,
     seed: int = 0, resume: bool = False, device: DeviceOpt = "auto", threads: ThreadsOpt = None,
     progress: bool = True, nproc: NprocOpt = 1, grad_accum: GradAccumOpt = 1,
-    precision: PrecisionOpt = "fp32",
+    precision: PrecisionOpt = "fp32", fsdp: FsdpOpt = False,
 ) -> None:
     """Train the DuoLM student: item encoder + virtual-token ranker, end to end, on next-item
     labels plus distillation from the teacher's scores; with ``--nproc N`` (or under
@@ -246,7 +249,7 @@ def train_duolm(
                                 max_text_tokens=max_text_tokens)
         out.mkdir(parents=True, exist_ok=True)
         features = catalog_features(enc_cfg, ds, out / FEATURES_FILE, progress)
-        sp, val, val_cands = _val_split(ds, max_history, val_users, val_negatives, seed)
+        sp, val, val_cands = eval_split(ds, max_history, val_users, val_negatives, seed)
         # SVD vectors use each user's training part only (see compute_user_vectors)
         vectors = resolve_user_vectors(user_vectors, ds.sequences, ds.num_items, user_dim, seed)
         cfg = ranker_config(STUDENT_VOCAB_SIZE, hidden, layers, heads, kv_heads,
@@ -258,10 +261,8 @@ def train_duolm(
         model = DuoModel(ranker, ItemEncoder(enc_cfg))
         teacher_ranker = None
         if teacher is not None:
-            folder = teacher / "best" if (teacher / "best" / "config.json").is_file() \
-                else teacher
-            teacher_ranker = TeacherRanker.from_pretrained(folder, _item_text(ds), ds.num_items,
-                                                           device=dev)
+            teacher_ranker = TeacherRanker.from_pretrained(
+                run_folder(teacher), dataset_item_text(ds), ds.num_items, device=dev)
         meta = {"kind": "student", "max_history": max_history, "k": k, "backend": backend,
                 "teacher": str(teacher) if teacher else None, "distill_weight": distill_weight,
                 "user_vectors": Path(user_vectors).name}
@@ -271,11 +272,12 @@ def train_duolm(
                            distill_weight if teacher_ranker else 0.0, temperature, progress,
                            vectors, ds.user_ids)
         _train(task, model, out, epochs, lr, patience, seed, resume, progress, dev, args)
-    except _INPUT_ERRORS as err:
-        raise _fail(err) from None
+    except INPUT_ERRORS as err:
+        raise fail(err) from None
 
 
-def _folder(path: Path) -> Path:
+def run_folder(path: Path) -> Path:
+    """A training run's ``best/`` checkpoint when ``path`` is a run folder, else ``path``."""
     return path / "best" if (path / "best" / "config.json").is_file() else path
 
 
@@ -295,7 +297,7 @@ def encode_catalog(
     from genrec.duolm.store import write_store
 
     dev = resolve_device(device, threads)
-    folder = _folder(model)
+    folder = run_folder(model)
     try:
         read_meta(folder)
         ds = load_dataset(data, interactions, items, table)
@@ -304,7 +306,7 @@ def encode_catalog(
         vectors = encoder.encode_all(feats, batch_size, progress)
         version = write_store(out, vectors, list(ds.item_ids), meta={
             "dataset": ds.name, "model": folder.name, "encoder": vars(encoder.config)})
-    except _INPUT_ERRORS as err:
-        raise _fail(err) from None
+    except INPUT_ERRORS as err:
+        raise fail(err) from None
     typer.echo(f"{ds.num_items} items x {vectors.shape[1]} vectors x {vectors.shape[2]} "
                f"-> {out} (version {version})")

@@ -1,10 +1,10 @@
-"""Commands of generative retrieval: ``index`` (Semantic IDs), ``train generative``, ``eval``.
+"""Commands of generative retrieval: ``train generative`` and ``eval`` (``genrec index`` is in
+:mod:`genrec.commands.index`).
 
 Register in ``genrec.cli`` with one line each::
 
-    app.add_typer(train_app, name="train")
+    app.add_typer(train_app, name="train")  # from genrec.commands.common
     app.command("eval")(eval_command)
-    app.command("index")(index_command)
 
 Heavy modules are imported inside the functions so that ``genrec --help`` stays fast.
 """
@@ -17,6 +17,18 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from genrec.commands.common import (
+    INPUT_ERRORS,
+    DeviceOpt,
+    FsdpOpt,
+    GradAccumOpt,
+    NprocOpt,
+    PrecisionOpt,
+    ThreadsOpt,
+    fail,
+    train_app,
+    write_train_args,
+)
 from genrec.commands.dataset import (
     DataOpt,
     InterOpt,
@@ -31,32 +43,22 @@ if TYPE_CHECKING:
     from genrec.catalog.semantic_ids import SemanticIndex
     from genrec.data.loaders import Dataset
 
-train_app = typer.Typer(help="Train models.", no_args_is_help=True)
-
-DeviceOpt = Annotated[str, typer.Option(help="auto | cpu | cuda[:N].")]
-ThreadsOpt = Annotated[int | None, typer.Option(min=1, help="CPU threads for torch (default: "
-                                                           "torch's; 1 is faster on a busy CPU).")]
-NprocOpt = Annotated[int, typer.Option(min=1, help="Data-parallel processes on this machine (runs "
-                                                  "the command under torchrun: gloo on the "
-                                                  "CPU, NCCL on GPUs).")]
-GradAccumOpt = Annotated[int, typer.Option(min=1, help="Batches per optimizer step.")]
-PrecisionOpt = Annotated[str, typer.Option(help="fp32 | bf16 (autocast; fp32 master weights).")]
-_INPUT_ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError)
+RecipeInt = Annotated[int | None, typer.Option(min=1, help="Default: from the data size "
+                                                          "(see genrec.training.recipe).")]
+RECIPE_KEYS = ("hidden", "layers", "heads", "kv_heads", "head_dim", "dropout", "epochs")
 
 
-def _fail(err: Exception) -> typer.Exit:
-    typer.echo(f"error: {err}", err=True)
-    return typer.Exit(code=1)
+def pick_recipe(train_sequences: list[list[int]], given: dict, report: bool) -> dict:
+    """The model size, dropout and epochs: each as given, else the data size's recipe
+    (:func:`genrec.training.recipe.recipe_for` of the training interactions); says which."""
+    from genrec.training.recipe import recipe_for
 
-
-def write_train_args(out: Path, args: dict, resume: bool) -> None:
-    """The command's arguments in ``out/train_args.json`` (kept as first written on
-    ``resume``); the folder is made."""
-    from genrec.utils.atomic import atomic_write_json
-
-    out.mkdir(parents=True, exist_ok=True)
-    if not (resume and (out / "train_args.json").is_file()):
-        atomic_write_json(out / "train_args.json", args)
+    recipe = recipe_for(sum(len(s) for s in train_sequences))
+    picked = {k: getattr(recipe, k) if given[k] is None else given[k] for k in RECIPE_KEYS}
+    if any(given[k] is None for k in RECIPE_KEYS) and report:
+        typer.echo(f"recipe: {recipe.describe()}; used: " + ", ".join(
+            f"{k} {v}" for k, v in picked.items()))
+    return picked
 
 
 def check_index(index: SemanticIndex, dataset: Dataset, where: str) -> None:
@@ -65,65 +67,6 @@ def check_index(index: SemanticIndex, dataset: Dataset, where: str) -> None:
         raise ValueError(f"{where}: {index.num_items} items, the dataset has {dataset.num_items}")
     if index.item_ids is not None and list(index.item_ids) != list(dataset.item_ids):
         raise ValueError(f"{where}: item ids differ from the dataset's (built for another one?)")
-
-
-@table_options
-def index_command(
-    out: Annotated[Path, typer.Option(help="Where to write the index (JSON).")],
-    data: DataOpt = None, interactions: InterOpt = None, items: ItemsOpt = None,
-    table: TableOpt = None,
-    from_text: Annotated[bool, typer.Option(help="Embed item text with the sentence encoder, "
-                                                 "then residual k-means.")] = False,
-    embeddings: Annotated[Path | None, typer.Option(
-        help="Item embeddings (.npy / .safetensors), one row per item.")] = None,
-    sid_file: Annotated[Path | None, typer.Option(help="Ready-made Semantic IDs "
-                                                       "({item: ['<a_1>', ...]}).")] = None,
-    levels: Annotated[int, typer.Option(min=1, help="k-means levels.")] = 3,
-    codebook_size: Annotated[int, typer.Option(min=2, help="Codes per level.")] = 256,
-    iters: Annotated[int, typer.Option(min=1, help="k-means iterations.")] = 50,
-    encoder: Annotated[Path | None, typer.Option(help="Local sentence-encoder folder "
-                                                      "(default: bundled MiniLM).")] = None,
-    seed: int = 0, device: DeviceOpt = "auto",
-) -> None:
-    """Build Semantic IDs (text, embeddings or a ready-made file; collisions get a dedup level)."""
-    from genrec.catalog import (
-        build_semantic_index,
-        encode_texts,
-        item_texts,
-        load_embeddings,
-        load_sid_index,
-    )
-    from genrec.catalog.semantic_ids import duplicate_groups
-
-    try:
-        ds = load_dataset(data, interactions, items, table)
-        if from_text + (embeddings is not None) + (sid_file is not None) > 1:
-            raise typer.BadParameter("give at most one of --from-text, --embeddings, --sid-file")
-        if not from_text and embeddings is None:
-            sid_file = sid_file or ds.semantic_id_path
-            if sid_file is None:
-                raise typer.BadParameter("no source: give --from-text, --embeddings or "
-                                         "--sid-file (the dataset has no sid-rqvae file)")
-            index = load_sid_index(sid_file, ds.item_index, on_collision="dedup")
-        else:
-            if from_text:
-                emb = encode_texts(item_texts(ds.item_text, ds.num_items), encoder,
-                                   resolve_device(device))
-            else:
-                emb = load_embeddings(embeddings)
-            if emb.shape[0] != ds.num_items:
-                raise ValueError(f"embeddings: {emb.shape[0]} rows, dataset has {ds.num_items}")
-            index = build_semantic_index(emb.to(resolve_device(device)), levels, codebook_size,
-                                         iters=iters, seed=seed, item_ids=list(ds.item_ids))
-            index = index.to("cpu")
-        index.save(out)
-    except _INPUT_ERRORS as err:
-        raise _fail(err) from None
-    groups = duplicate_groups(index.codes[:, :-1])
-    typer.echo(f"items {index.num_items}  levels {index.num_levels}  codebook sizes "
-               f"{index.codebook_sizes}")
-    typer.echo(f"collisions resolved: {sum(len(g) for g in groups)} items in {len(groups)} "
-               f"groups (last level = dedup counter)  -> {out}")
 
 
 @train_app.command("generative")
@@ -138,16 +81,26 @@ def train_generative(
              "user). svd-causal: each training window's vector holds only the user's items "
              "before its targets.")] = "none",
     user_dim: Annotated[int, typer.Option(min=1, help="SVD user-vector size.")] = 64,
-    hidden: int = 128, layers: int = 4, heads: int = 4, kv_heads: int = 2, head_dim: int = 32,
+    hidden: RecipeInt = None, layers: RecipeInt = None, heads: RecipeInt = None,
+    kv_heads: RecipeInt = None, head_dim: RecipeInt = None,
     intermediate: Annotated[int | None, typer.Option(help="MLP size (default 3 x hidden).")] = None,
     init_from: Annotated[Path | None, typer.Option(
         help="Fine-tune this HF checkpoint instead of training from scratch.")] = None,
-    epochs: Annotated[int, typer.Option(min=1)] = 20,
+    extend_vocab: Annotated[bool, typer.Option(
+        help="With --init-from: keep its text vocabulary and tokenizer, append the Semantic-ID "
+             "tokens (each level normalised over its own codes).")] = False,
+    sid_init: Annotated[str, typer.Option(help="--extend-vocab: new rows from the 'mean' text "
+                                               "row or the items' title 'text'.")] = "mean",
+    prompt_text: Annotated[str | None, typer.Option(
+        help="--extend-vocab: text before every prompt's Semantic IDs (train, eval, serve).")
+    ] = None,
+    epochs: RecipeInt = None,
     batch_tokens: Annotated[int, typer.Option(min=1, help="Tokens per step.")] = 4096,
     lr: float = 1e-3, weight_decay: float = 0.01, warmup_ratio: float = 0.05,
     grad_clip: float = 1.0,
-    dropout: Annotated[float, typer.Option(min=0.0, max=0.9, help="Dropout on the embeddings "
-                                                                   "and residual branches.")] = 0.0,
+    dropout: Annotated[float | None, typer.Option(
+        min=0.0, max=0.9, help="Dropout on the embeddings and residual branches (default: "
+                               "from the data size).")] = None,
     patience: Annotated[int, typer.Option(min=0, help="Early-stopping patience (0: off).")] = 5,
     keep_epochs: Annotated[bool, typer.Option(help="Also keep each epoch's weights in "
                                                    "OUT/epochs/NNN (for genrec average).")] = False,
@@ -157,6 +110,7 @@ def train_generative(
     seed: int = 0, resume: bool = False, device: DeviceOpt = "auto", threads: ThreadsOpt = None,
     progress: bool = True,
     nproc: NprocOpt = 1, grad_accum: GradAccumOpt = 1, precision: PrecisionOpt = "fp32",
+    fsdp: FsdpOpt = False,
 ) -> None:
     """Train a Qwen3-architecture generative recommender on Semantic-ID sequences (under
     ``torchrun``, or with ``--nproc N``, data-parallel: each rank its shard of every batch)."""
@@ -172,6 +126,7 @@ def train_generative(
     from genrec.evaluation.generative import split_examples
     from genrec.generative.vocab import SidVocab
     from genrec.model import load_model
+    from genrec.training import extend_vocab as ext
     from genrec.training import generative as gen
     from genrec.training import user_vectors as uv
     from genrec.training.checkpoints import LAST
@@ -188,11 +143,19 @@ def train_generative(
         sem = SemanticIndex.load(index)
         check_index(sem, ds, "--index")
         vocab = SidVocab(sem, max_history=max_history)
+        if (extend_vocab and init_from is None) or (prompt_text and not extend_vocab):
+            raise ValueError("--extend-vocab needs --init-from; --prompt-text needs --extend-vocab")
+        recipe = pick_recipe(gen.training_sequences(ds.sequences), locals(), main)
+        hidden, layers, heads, kv_heads, head_dim, dropout, epochs = (
+            recipe[k] for k in RECIPE_KEYS)
+        args |= recipe
         torch.manual_seed(seed)
         last = out / LAST
-        factors = None
+        factors, files = None, None
         if resume and (last / "config.json").is_file():
             model = load_model(last)
+            if extend_vocab:  # the layout and tokenizer saved with the run
+                vocab, files = SidVocab.load(last), ext.tokenizer_files(last)
             vectors = uv.load_saved_user_vectors(last, ds.user_ids)
             factors = uv.load_item_factors(last)
         else:
@@ -204,7 +167,10 @@ def train_generative(
                 vectors = uv.resolve_user_vectors(user_vectors, ds.sequences, ds.num_items,
                                                   user_dim, seed)
             dim = 0 if vectors is None else int(vectors.shape[1])
-            if init_from is not None:
+            if extend_vocab:
+                model, vocab, files = ext.start_extended(init_from, sem, max_history, dim,
+                                                         prompt_text, sid_init, ds.item_text, seed)
+            elif init_from is not None:
                 model = gen.adapt_pretrained(load_model(init_from), vocab.vocab_size, dim)
             else:
                 model = gen.build_model(gen.scratch_config(
@@ -216,7 +182,7 @@ def train_generative(
         task = gen.GenerativeTask(
             vocab, gen.training_sequences(ds.sequences), vectors, batch_tokens, seed, val,
             beam_width, user_ids=ds.user_ids, user_vector_source=Path(user_vectors).name,
-            progress=progress, item_factors=factors,
+            progress=progress, item_factors=factors, extra_files=files,
         )
         if main:
             write_train_args(out, args, resume)
@@ -228,10 +194,11 @@ def train_generative(
         config = LoopConfig(epochs=epochs, lr=lr, weight_decay=weight_decay,
                             warmup_ratio=warmup_ratio, grad_clip=grad_clip, patience=patience,
                             seed=seed, progress=progress, keep_epochs=keep_epochs,
-                            grad_accum=grad_accum, precision=precision)
+                            grad_accum=grad_accum, precision=precision,
+                            sharding="fsdp" if fsdp else "none")
         result = fit(model.to(dev), task, out, config, resume=resume)
-    except _INPUT_ERRORS as err:
-        raise _fail(err) from None
+    except INPUT_ERRORS as err:
+        raise fail(err) from None
     if not main:
         return
     for entry in result.history:
@@ -261,12 +228,15 @@ def eval_command(
         help="Ranker models: item store of the student (default: encode the catalog).")] = None,
     negatives: Annotated[int, typer.Option(min=0, help="Ranker models: sampled negatives per "
                                                        "user (0: the full catalog).")] = 99,
+    mask_history: Annotated[bool, typer.Option(
+        help="Generative models: never recommend an item the user already has (the model and "
+             "popularity alike).")] = False,
 ) -> None:
     """Evaluate on the test split. A generative model: Recall/NDCG@5/10 by full-catalog
     constrained beam search. A DuoLM student or teacher: NDCG/Recall@10 and MRR of the held-out
     item among sampled negatives (student and ``--teacher`` side by side)."""
     from genrec.engine import Engine
-    from genrec.evaluation.generative import evaluate_split
+    from genrec.evaluation.generative import evaluate_split, popularity_split
     from genrec.training.user_vectors import fold_in, load_item_factors, load_saved_user_vectors
     from genrec.utils.atomic import atomic_write_json
 
@@ -297,15 +267,22 @@ def eval_command(
                 raise ValueError(f"--model: {folder} has a soft-token projector but no saved "
                                  "user vectors")
         metrics = evaluate_split(engine, ds.sequences, split, vectors, beam_width, users, seed,
-                                 batch_size, progress)
-    except _INPUT_ERRORS as err:
-        raise _fail(err) from None
+                                 batch_size, progress, mask_history)
+        pop = popularity_split(ds.sequences, ds.num_items, split, engine.vocab.max_history,
+                               users, seed, mask_history)  # the same users and masking
+    except INPUT_ERRORS as err:
+        raise fail(err) from None
     metrics["wall_seconds"] = metrics.pop("seconds")
     metrics["split"] = split
+    metrics["history_masked"] = mask_history
     keys = ("recall@5", "ndcg@5", "recall@10", "ndcg@10")
-    typer.echo(f"{ds.name} {split}: {metrics['n_users']} users, beam {beam_width}, "
-               f"{metrics['wall_seconds']:.1f} s")
-    typer.echo("  ".join(f"{k:>9}" for k in keys))
-    typer.echo("  ".join(f"{metrics[k]:>9.4f}" for k in keys))
+    typer.echo(f"{ds.name} {split}: {metrics['n_users']} users, beam {beam_width}, history "
+               f"{'masked' if mask_history else 'not masked'}, {metrics['wall_seconds']:.1f} s")
+    typer.echo(f"{'':<10}" + "  ".join(f"{k:>9}" for k in keys))
+    typer.echo(f"{'model':<10}" + "  ".join(f"{metrics[k]:>9.4f}" for k in keys))
+    typer.echo(f"{'popularity':<10}" + "  ".join(f"{pop[k]:>9.4f}" for k in keys))
+    typer.echo(f"{'model/pop':<10}" + "  ".join(
+        f"{metrics[k] / pop[k]:>8.1f}x" if pop[k] else f"{'-':>9}" for k in keys))
+    metrics["popularity"] = {k: pop[k] for k in keys}
     if json_path is not None:
         atomic_write_json(json_path, metrics)

@@ -8,9 +8,16 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from genrec.commands.common import INPUT_ERRORS, fail
 from genrec.commands.dataset import TableOpt, load_dataset
-from genrec.commands.duolm import FEATURES_FILE, _folder, _item_text, _val_split, catalog_features
-from genrec.commands.generative import _INPUT_ERRORS, _fail, resolve_device
+from genrec.commands.duolm import (
+    FEATURES_FILE,
+    catalog_features,
+    dataset_item_text,
+    eval_split,
+    run_folder,
+)
+from genrec.utils.device import resolve_device
 
 if TYPE_CHECKING:
     from genrec.data.loaders import Dataset
@@ -36,22 +43,22 @@ def eval_rankers(
         ds = load_dataset(data, interactions, items, table)
         rankers = {}
         for path in [p for p in (model, teacher) if p is not None]:
-            folder = _folder(path)
+            folder = run_folder(path)
             kind = read_meta(folder)["kind"]
             if kind == "teacher":
                 rankers["teacher"] = TeacherRanker.from_pretrained(
-                    folder, _item_text(ds), ds.num_items, device=dev)
+                    folder, dataset_item_text(ds), ds.num_items, device=dev)
             else:
                 rankers["student"] = _student(folder, store, ds, progress, dev, DuoRanker)
-        meta_hist = int(read_meta(_folder(model)).get("max_history", 20))
-        _, exs, cands = _val_split(ds, meta_hist, users, negatives, seed, split)
+        meta_hist = int(read_meta(run_folder(model)).get("max_history", 20))
+        _, exs, cands = eval_split(ds, meta_hist, users, negatives, seed, split)
         results = {}
         for name, ranker in rankers.items():
             start = time.perf_counter()
 
             vectors = None
             if name == "student" and ranker.engine.model.config.user_dim:
-                vectors = load_saved_user_vectors(_folder(model), ds.user_ids)
+                vectors = load_saved_user_vectors(run_folder(model), ds.user_ids)
 
             def score(e, c, r=ranker, v=vectors):  # noqa: ANN001, ANN202
                 return r.rank([RankRequest(x.history, y, None if v is None else v[x.user])
@@ -59,8 +66,8 @@ def eval_rankers(
 
             results[name] = evaluate_ranking(score, exs, cands, progress=progress)
             results[name]["seconds"] = time.perf_counter() - start
-    except _INPUT_ERRORS as err:
-        raise _fail(err) from None
+    except INPUT_ERRORS as err:
+        raise fail(err) from None
     keys = ("ndcg@10", "recall@10", "mrr", "ndcg@5", "recall@5")
     shown = f"{negatives} negatives" if negatives else "the full catalog"
     typer.echo(f"{ds.name} {split}: {len(exs)} users, 1 positive + {shown}")

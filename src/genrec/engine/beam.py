@@ -51,10 +51,16 @@ class SearchInputs:
 def level_logprobs(
     model: DecoderLM, hidden: torch.Tensor, offset: int, size: int
 ) -> torch.Tensor:
-    """Full-vocabulary log-probabilities of the tokens ``offset .. offset+size-1``:
-    hidden [N, H] -> [N, size] (fp32)."""
+    """Log-probabilities of a level's tokens ``offset .. offset+size-1``: hidden [N, H] ->
+    [N, size] (fp32), normalised as ``model.config.sid_normalize`` says: ``"full"`` over the
+    whole vocabulary (minus its log-sum-exp), ``"level"`` over these ``size`` codes alone (a
+    log-softmax of their logits: only these rows of the LM head are read, never a text
+    vocabulary's)."""
     ids = torch.arange(offset, offset + size, device=hidden.device)
-    return model.label_logits(hidden, ids) - model.log_normalizer(hidden)[:, None]
+    logits = model.label_logits(hidden, ids)  # [N, size]
+    if model.config.sid_normalize == "level":
+        return torch.log_softmax(logits, dim=-1)
+    return logits - model.log_normalizer(hidden)[:, None]
 
 
 def prompt_forward(

@@ -27,7 +27,7 @@ from genrec.catalog.filters import PartFilter, dead_edges, padded_ranks
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.catalog.trie import SemanticTrie
 from genrec.engine.catalog_update import apply_update, compact, member, rebase
-from genrec.generative.vocab import BOS_ID, SOFT_ID, SidVocab
+from genrec.generative.vocab import SidVocab
 
 _EMPTY = torch.zeros(0, dtype=torch.int64)
 
@@ -129,17 +129,21 @@ class CatalogState:
         offsets = torch.tensor(self.level_offsets, dtype=torch.int64)
         return self.codes_of(items) + offsets
 
-    def prompts(self, histories: Sequence[Sequence[int]], soft_tokens: Sequence[bool]
-                ) -> list[list[int]]:
-        """``bos [soft] sid(h_1) ... sid(h_n)`` per request over its last ``max_history``
-        items, the current Semantic IDs (delta first), in one lookup for the batch."""
-        keep = self.base_vocab.max_history
+    def prompts(self, histories: Sequence[Sequence[int]], soft_tokens: Sequence[bool],
+                texts: Sequence[Sequence[int] | None] | None = None) -> list[list[int]]:
+        """``bos [soft] text sid(h_1) ... sid(h_n)`` per request over its last ``max_history``
+        items, the current Semantic IDs (delta first), in one lookup for the batch; ``texts``
+        (text token ids per request, None: the vocabulary's default text, see
+        :meth:`SidVocab.head`)."""
+        vocab = self.base_vocab
+        keep = vocab.max_history
         cut = [list(h)[-keep:] if keep else list(h) for h in histories]
         flat = [i for h in cut for i in h]
         tokens = self.item_tokens(flat).tolist() if flat else []
         out, at = [], 0
-        for h, soft in zip(cut, soft_tokens, strict=True):
-            head = [BOS_ID, SOFT_ID] if soft else [BOS_ID]
+        texts = [None] * len(cut) if texts is None else texts
+        for h, soft, text in zip(cut, soft_tokens, texts, strict=True):
+            head = vocab.head(soft, text)
             out.append(head + [t for row in tokens[at : at + len(h)] for t in row])
             at += len(h)
         return out

@@ -25,7 +25,7 @@ from genrec.engine.params import (
 from genrec.engine.retrieval import PreparedSearch, prepare_search, run_search
 from genrec.engine.score_runner import ScoreRunnerPool
 from genrec.engine.scoring import read_scores
-from genrec.generative.vocab import SOFT_ID, SidVocab
+from genrec.generative.vocab import SidVocab
 from genrec.kernels import cascade_attention_op
 from genrec.model.checkpoint import load_model
 from genrec.model.decoder import DecoderLM
@@ -71,7 +71,7 @@ class Engine:
         model's Semantic-ID vocabulary saved beside it is loaded too."""
         vocab = SidVocab.load(path) if SidVocab.exists(path) else None
         if vocab is not None and config is None:
-            config = EngineConfig(soft_token_id=SOFT_ID)
+            config = EngineConfig(soft_token_id=vocab.soft_id)
         return cls(load_model(path, dtype=dtype, device=device), config=config, vocab=vocab)
 
     @property

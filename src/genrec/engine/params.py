@@ -103,12 +103,15 @@ class BeamParams:
 @dataclass
 class RecommendRequest:
     """One user for generative retrieval: history item ids (oldest first), an optional user
-    vector (soft token), and optional item filters (``exclude`` removes, ``allow`` restricts)."""
+    vector (soft token), and optional item filters (``exclude`` removes, ``allow`` restricts).
+    ``text``: text token ids put before the history's Semantic IDs (a model whose vocabulary
+    extends a pretrained LM's; ``None``: the vocabulary's default text)."""
 
     history: Sequence[int]
     user_vector: torch.Tensor | Sequence[float] | None = None
     exclude: Sequence[int] | None = None
     allow: Sequence[int] | None = None
+    text: Sequence[int] | None = None
 
 
 @dataclass

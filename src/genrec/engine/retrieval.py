@@ -48,14 +48,17 @@ def prepare_search(
         if history is None:
             raise InputError(f"{field}.history: expected a list of item ids")
         catalog.check_items(history, f"{field}.history")
-        if not history and req.user_vector is None:
+        if req.text is not None:
+            catalog.base_vocab.check_text(list(req.text), f"{field}.text")
+        if not history and req.user_vector is None and not req.text:
             raise InputError(f"{field}.history: empty history and no user_vector")
         for name in ("exclude", "allow"):
             items = getattr(req, name)
             if items is not None:
                 catalog.check_items(list(items), f"{field}.{name}")
     prompts = catalog.prompts([list(q.history) for q in requests],
-                              [q.user_vector is not None for q in requests])
+                              [q.user_vector is not None for q in requests],
+                              [q.text for q in requests])
     n_levels = catalog.num_levels
     for r, prompt in enumerate(prompts):
         if len(prompt) + n_levels > model.config.max_position_embeddings:
@@ -94,7 +97,8 @@ def exhaustive_top(
     engine: Engine, request: RecommendRequest, n: int, catalog: CatalogState | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference: score every allowed live item with multi-item scoring, return the top n
-    (items, summed log-probabilities). Slow on big catalogs; for tests and checks."""
+    (items, summed log-probabilities). Slow on big catalogs; for tests and checks. Scores are
+    full-vocabulary log-likelihoods: the search's own for ``sid_normalize="full"`` models."""
     from genrec.engine.params import ScoreParams
 
     catalog = catalog if catalog is not None else engine.catalog
@@ -107,7 +111,8 @@ def exhaustive_top(
     if request.exclude:
         live[torch.tensor(list(request.exclude), dtype=torch.long)] = False
     items = torch.nonzero(live)[:, 0]
-    [prompt] = catalog.prompts([list(request.history)], [request.user_vector is not None])
+    [prompt] = catalog.prompts([list(request.history)], [request.user_vector is not None],
+                               [request.text])
     cands = catalog.item_tokens(items).tolist()
     scores = engine.score(prompt, cands, ScoreParams(mode="loglik"), request.user_vector)
     top = scores.topk(min(n, len(cands)))

@@ -3,6 +3,11 @@
 Each example's history becomes a prompt (``SidVocab.prompt``, inside ``Engine.recommend``), the
 engine returns its top items by beam search over every catalog item, and Recall/NDCG@K are
 computed against the one held-out target. Requests are sent in batches.
+
+Popularity is the reference a model must beat: every user gets the items most often seen in the
+training parts of all sequences (:func:`item_counts`), scored with the same metrics on the same
+examples (:func:`evaluate_popularity`). Both can mask each user's history
+(``exclude=full_histories(...)``): items the user already has are then never recommended.
 """
 
 from __future__ import annotations
@@ -24,15 +29,18 @@ DEFAULT_BEAM_WIDTH = 20
 def evaluate_generative(
     engine: Engine, examples: Sequence[Example], user_vectors: torch.Tensor | None = None,
     beam_width: int = DEFAULT_BEAM_WIDTH, ks: Sequence[int] = (5, 10), batch_size: int = 128,
-    progress: bool = False,
+    progress: bool = False, exclude: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, float]:
     """Recall@k / NDCG@k (k in ``ks``) of ``engine`` on ``examples``.
 
     ``user_vectors`` [num_users, user_dim] (indexed by ``Example.user``) feed the soft token.
+    ``exclude[i]``: items never to recommend for ``examples[i]`` (e.g. :func:`full_histories`).
     Returns ``{"recall@5", "ndcg@5", "recall@10", "ndcg@10", "n_users", "beam_width"}``.
     """
     if not examples:
         raise ValueError("examples: nothing to evaluate")
+    if exclude is not None and len(exclude) != len(examples):
+        raise ValueError(f"exclude: {len(exclude)} lists for {len(examples)} examples")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     n = max(ks)
@@ -46,8 +54,9 @@ def evaluate_generative(
             RecommendRequest(
                 history=ex.history,
                 user_vector=None if user_vectors is None else user_vectors[ex.user],
+                exclude=None if exclude is None else list(exclude[start + i]),
             )
-            for ex in chunk
+            for i, ex in enumerate(chunk)
         ]
         for row, rec in enumerate(engine.recommend(requests, params), start=start):
             top[row, : len(rec.items)] = torch.tensor(rec.items, dtype=torch.int64)
@@ -85,14 +94,80 @@ def evaluate_split(
     engine: Engine, sequences: Sequence[Sequence[int]], split: Literal["val", "test"] = "test",
     user_vectors: torch.Tensor | None = None, beam_width: int = DEFAULT_BEAM_WIDTH,
     users: int | None = None, seed: int = 0, batch_size: int = 128, progress: bool = False,
+    mask_history: bool = False,
 ) -> dict[str, float]:
     """:func:`evaluate_generative` on a leave-one-out split of ``sequences`` (full per-user
-    sequences), with the wall time in ``"seconds"``."""
+    sequences), with the wall time in ``"seconds"``; ``mask_history``: never recommend an item
+    the user already has (:func:`full_histories`, passed to the search as ``exclude``)."""
     if engine.vocab is None:
         raise ValueError("engine: not a generative model (no Semantic-ID vocabulary)")
     examples = split_examples(sequences, split, engine.vocab.max_history, users, seed)
+    exclude = full_histories(sequences, examples, split) if mask_history else None
     start = time.perf_counter()
     metrics = evaluate_generative(engine, examples, user_vectors, beam_width,
-                                  batch_size=batch_size, progress=progress)
+                                  batch_size=batch_size, progress=progress, exclude=exclude)
     metrics["seconds"] = time.perf_counter() - start
     return metrics
+
+
+def full_histories(sequences: Sequence[Sequence[int]], examples: Sequence[Example],
+                   split: Literal["val", "test"]) -> list[list[int]]:
+    """Every item of each example's user before its target (not truncated to ``max_history``):
+    the training items, plus the validation item for ``"test"``; the items to mask."""
+    if split not in ("val", "test"):
+        raise ValueError(f"split must be 'val' or 'test', got {split!r}")
+    cut = 1 if split == "test" else 2
+    return [list(sequences[ex.user][:-cut]) for ex in examples]
+
+
+def item_counts(sequences: Sequence[Sequence[int]], num_items: int,
+                min_interactions: int = 3) -> torch.Tensor:
+    """How often each item occurs in the training parts of ``sequences`` -> [num_items]: all but
+    the last two items; users with fewer than ``min_interactions`` keep all, as the split does."""
+    items = [i for s in sequences for i in (s if len(s) < min_interactions else s[:-2])]
+    return torch.bincount(torch.tensor(items, dtype=torch.int64), minlength=num_items)
+
+
+def popularity_top(counts: torch.Tensor, n: int, n_users: int,
+                   exclude: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
+    """Each user's ``n`` most frequent items [n_users, n], most frequent first (ties: lower item
+    index first), skipping ``exclude[u]`` when given (rows padded with -1 if too few remain)."""
+    order = torch.sort(counts, descending=True, stable=True).indices
+    if exclude is None:
+        return order[:n].expand(n_users, -1).clone()
+    if len(exclude) != n_users:
+        raise ValueError(f"exclude: {len(exclude)} lists for {n_users} users")
+    top = torch.full((n_users, n), -1, dtype=torch.int64)
+    for u, skip in enumerate(exclude):
+        head = order[: n + len(skip)]
+        keep = head[~torch.isin(head, torch.tensor(list(skip), dtype=torch.int64))][:n]
+        top[u, : keep.numel()] = keep
+    return top
+
+
+def evaluate_popularity(
+    sequences: Sequence[Sequence[int]], examples: Sequence[Example], num_items: int,
+    ks: Sequence[int] = (5, 10), exclude: Sequence[Sequence[int]] | None = None,
+) -> dict[str, float]:
+    """Recall@k / NDCG@k of recommending the most popular training items (:func:`item_counts`
+    of ``sequences``, the full per-user sequences) on ``examples``; ``exclude`` as in
+    :func:`evaluate_generative`. Returns the metrics and ``"n_users"``."""
+    if not examples:
+        raise ValueError("examples: nothing to evaluate")
+    top = popularity_top(item_counts(sequences, num_items), max(ks), len(examples), exclude)
+    targets = torch.tensor([ex.target for ex in examples], dtype=torch.int64)
+    metrics = ranking_metrics(target_ranks(top, targets), ks)
+    metrics["n_users"] = len(examples)
+    return metrics
+
+
+def popularity_split(
+    sequences: Sequence[Sequence[int]], num_items: int, split: Literal["val", "test"] = "test",
+    max_history: int = 20, users: int | None = None, seed: int = 0,
+    mask_history: bool = False,
+) -> dict[str, float]:
+    """:func:`evaluate_popularity` on the examples :func:`evaluate_split` evaluates (same split,
+    same user sample, history masked or not alike): the baseline printed beside a model."""
+    examples = split_examples(sequences, split, max_history, users, seed)
+    exclude = full_histories(sequences, examples, split) if mask_history else None
+    return evaluate_popularity(sequences, examples, num_items, exclude=exclude)

@@ -22,7 +22,16 @@ def attend_math(
     causal: bool, scale: float, chunk: int = 4096,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Portable reference attention, any device, with autograd: q [B, H, Lq, D], k / v
-    [B, Hkv, Lk, D] -> (output, log-sum-exp [B, H, Lq] fp32), queries in chunks."""
+    [B, Hkv, Lk, D] -> (output, log-sum-exp [B, H, Lq] fp32), queries in chunks. Computed in
+    fp32 also under autocast (a bf16 score product would overflow the mask's fp32 floor)."""
+    with torch.autocast(q.device.type, enabled=False):
+        return _attend_math_fp32(q, k, v, mask, causal, scale, chunk)
+
+
+def _attend_math_fp32(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+    causal: bool, scale: float, chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     groups = q.shape[1] // k.shape[1]
     k = k.repeat_interleave(groups, dim=1).float()
     v = v.repeat_interleave(groups, dim=1).float()

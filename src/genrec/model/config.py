@@ -58,6 +58,10 @@ _LAYOUTS = {
 _ARCH_BY_MODEL_TYPE = {layout.model_type: arch for arch, layout in _LAYOUTS.items()}
 
 
+# genrec's own config keys, under "genrec" in config.json
+_GENREC_KEYS = ("user_dim", "score_head", "sid_normalize")
+
+
 @dataclass
 class ModelConfig:
     """Shape and numerics of a Qwen3 / Qwen2 / Llama-style decoder.
@@ -70,6 +74,9 @@ class ModelConfig:
     'yarn') and its parameters, as in HF's ``rope_scaling`` (see :mod:`genrec.model.rope`).
     ``user_dim`` > 0 adds a soft-token projector (user vector -> hidden size), saved with the
     model. ``score_head`` adds a scalar score head read at a branch's last position.
+    ``sid_normalize``: how a Semantic-ID level's log-probabilities are normalised in training
+    and beam search: ``"full"`` (softmax over the whole vocabulary) or ``"level"`` (softmax over
+    that level's codes only: a text vocabulary's rows are never computed).
     """
 
     architecture: str = "Qwen3ForCausalLM"
@@ -91,6 +98,7 @@ class ModelConfig:
     qk_norm: bool = True
     user_dim: int = 0
     score_head: bool = False
+    sid_normalize: str = "full"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -113,6 +121,8 @@ class ModelConfig:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
         if self.user_dim < 0:
             raise ValueError(f"user_dim must be >= 0, got {self.user_dim}")
+        if self.sid_normalize not in ("full", "level"):
+            raise ValueError(f"sid_normalize must be 'full' or 'level', got {self.sid_normalize!r}")
         if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
             raise ValueError("rms_norm_eps and rope_theta must be positive")
         self.rope_scaling = rope_scaling_params(self.rope_scaling, self.max_position_embeddings)
@@ -160,8 +170,7 @@ class ModelConfig:
             "architecture": arch, "rope_theta": theta, "rope_scaling": scaling,
             "qk_norm": layout.qk_norm, "qkv_bias": layout.qkv_bias,
         }
-        names = {f.name for f in dataclasses.fields(cls)} - set(kwargs) - {"user_dim",
-                                                                         "score_head"}
+        names = {f.name for f in dataclasses.fields(cls)} - set(kwargs) - set(_GENREC_KEYS)
         unknown = []
         for key, value in data.items():
             if key in names:
@@ -176,7 +185,7 @@ class ModelConfig:
             kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads")
         _check_layer_types(layer_types, kwargs.get("num_hidden_layers"))
         for key, value in genrec_keys.items():
-            if key not in ("user_dim", "score_head"):
+            if key not in _GENREC_KEYS:
                 raise ValueError(f"unknown genrec config key {key!r}")
             kwargs[key] = value
         return cls(**kwargs)
@@ -208,6 +217,8 @@ class ModelConfig:
             out[key] = getattr(self, key)
         if self.user_dim or self.score_head:
             out["genrec"] = {"user_dim": self.user_dim, "score_head": self.score_head}
+        if self.sid_normalize != "full":
+            out.setdefault("genrec", {})["sid_normalize"] = self.sid_normalize
         return out
 
 

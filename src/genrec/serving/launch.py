@@ -104,7 +104,11 @@ def load_components(spec: AppSpec) -> Components:
     ranker = (load_ranker(spec.ranker, spec.catalog, dev, spec.dtype)
               if spec.ranker is not None else None)
     updater = load_catalog_updater(spec.catalog, ranker) if spec.catalog is not None else None
-    tokenizer = load_tokenizer(spec.tokenizer) if spec.tokenizer is not None else None
+    tokenizer_dir = spec.tokenizer
+    vocab = engine.vocab
+    if tokenizer_dir is None and vocab is not None and vocab.text_vocab:
+        tokenizer_dir = spec.model  # a vocabulary-extended model keeps its LM's tokenizer
+    tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir is not None else None
     return Components(engine, ranker, updater, tokenizer)
 
 

@@ -25,7 +25,7 @@ from genrec.engine.catalog_state import CatalogState
 from genrec.serving import schemas as S
 from genrec.serving.backends import RankRequest
 from genrec.serving.catalog import CatalogChange, PreparedUpdate, ServiceCatalog
-from genrec.serving.completions import item_text, parse_prompt
+from genrec.serving.completions import item_text, parse_mixed_prompt
 from genrec.serving.messages import CatalogOp, CatalogUpdate, RankBatch, RecommendBatch, ScoreBatch
 from genrec.serving.scheduler import BatchScheduler
 from genrec.serving.worker import BatchWorker
@@ -128,7 +128,8 @@ class Service:
 
     def _recommend_request(self, history: list[int], user_vector: list[float] | None,
                            exclude: list[int] | None = None, allow: list[int] | None = None,
-                           field: str = "history") -> RecommendRequest:
+                           field: str = "history", text: list[int] | None = None
+                           ) -> RecommendRequest:
         n_items = self._catalog().num_items
         for name, items in ((field, history), ("exclude", exclude), ("allow", allow)):
             # plain Python: a tensor op per request would contend with the engine thread
@@ -136,11 +137,11 @@ class Service:
             if bad:
                 raise ValueError(f"{name}: unknown item id {bad[0]} (catalog has "
                                  f"0..{n_items - 1})")
-        if not history and user_vector is None:
+        if not history and user_vector is None and not text:
             raise ValueError(f"{field}: empty history and no user_vector")
         self._check_user_vector(user_vector)
         return RecommendRequest(history=history, user_vector=user_vector, exclude=exclude,
-                                allow=allow)
+                                allow=allow, text=text)
 
     async def recommend(self, body: S.RecommendBody, deadline_ms: float | None) -> dict:
         """Top-n items by constrained beam search, or retrieve-then-rank with ``rerank``."""
@@ -288,8 +289,9 @@ class Service:
             raise ValueError(f"n: {body.n} must not exceed best_of ({best_of})")
         if body.max_tokens is not None and body.max_tokens < levels:
             raise ValueError(f"max_tokens: one item takes {levels} tokens, got {body.max_tokens}")
-        history = parse_prompt(self._catalog(), body.prompt, body.user_vector)
-        request = self._recommend_request(history, body.user_vector, field="prompt")
+        history, text = parse_mixed_prompt(self._catalog(), body.prompt, body.user_vector,
+                                           lambda t: self._tokens(t, "prompt", False))
+        request = self._recommend_request(history, body.user_vector, field="prompt", text=text)
         found = await self.scheduler.submit(RecommendBatch(best_of, body.n), request,
                                             deadline_ms)
         rec, version = found.value, self.fresh(found.catalog_version, body.min_catalog_version)
@@ -297,7 +299,8 @@ class Service:
         choices = [{"index": k, "text": item_text(catalog, item), "item_id": item, "score": score,
                     "logprobs": None, "finish_reason": "length"}
                    for k, (item, score) in enumerate(zip(rec.items, rec.scores, strict=True))]
-        n_prompt = len(body.prompt) if isinstance(body.prompt, list) else len(history) * levels
+        n_prompt = len(body.prompt) if isinstance(body.prompt, list) else (
+            len(history) * levels + len(text or ()))
         n_out = levels * len(choices)
         return {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()),
                 "model": body.model or self.model_name, "choices": choices,

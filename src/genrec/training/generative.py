@@ -3,15 +3,16 @@
 Each user's training part (leave-one-out: all but the last two items) is cut into windows of
 up to ``max_history + 1`` items, consecutive windows sharing one item, the last window ending at
 the user's last training item. A window is one causal sequence ``SidVocab.prompt(window)``
-(``bos [soft] sid(i_1) ... sid(i_n)``, the same function serving uses) and every Semantic-ID
-token of items ``i_2 .. i_n`` is a target (teacher forcing), so a forward gives many targets
-and every training item but a user's first is a target exactly once. Windows are packed into
-one forward per step (``build_layout(lengths, [], [])``: independent causal sequences).
+(``bos [soft] [text] sid(i_1) ... sid(i_n)``, the same function serving uses; text only with
+a vocabulary extending a pretrained LM's, see :mod:`genrec.training.extend_vocab`) and every
+Semantic-ID token of items ``i_2 .. i_n`` is a target (teacher forcing), so a forward gives
+many targets and every training item but a user's first is a target exactly once. Windows are
+packed into one forward per step (``build_layout(lengths, [], [])``: independent causal
+sequences).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,8 @@ from genrec.generative.vocab import SOFT_ID, SidVocab
 from genrec.model.config import ModelConfig
 from genrec.model.decoder import DecoderLM
 from genrec.model.layout import build_layout
-from genrec.model.registry import build_model
+from genrec.model.registry import build_model  # noqa: F401 (callers read it here)
+from genrec.training.extend_vocab import adapt_pretrained, level_loss  # noqa: F401
 
 IGNORE = -100
 
@@ -54,10 +56,12 @@ def make_windows(items: Sequence[int], max_history: int) -> list[list[int]]:
     return windows[::-1]
 
 
-def window_tokens(vocab: SidVocab, items: Sequence[int], soft_token: bool) -> tuple[list, list]:
-    """Token ids of a window's prompt and its labels (next-token targets, -100 = no loss)."""
-    ids = vocab.prompt(items, soft_token=soft_token, truncate=False)
-    first_target = (2 if soft_token else 1) + vocab.num_levels  # first token of item 2
+def window_tokens(vocab: SidVocab, items: Sequence[int], soft_token: bool,
+                  text: Sequence[int] | None = None) -> tuple[list, list]:
+    """Token ids of a window's prompt (``text``: see :meth:`SidVocab.prompt`) and its labels
+    (next-token targets, -100 = no loss)."""
+    ids = vocab.prompt(items, soft_token=soft_token, truncate=False, text=text)
+    first_target = len(vocab.head(soft_token, text)) + vocab.num_levels  # first token of item 2
     labels = [IGNORE] * len(ids)
     labels[first_target - 1 : -1] = ids[first_target:]
     return ids, labels
@@ -73,6 +77,7 @@ class TrainBatch:
     lengths: list[int]
     soft_rows: torch.Tensor
     user_vectors: torch.Tensor | None
+    soft_id: int = SOFT_ID
 
     @property
     def num_tokens(self) -> int:
@@ -85,24 +90,32 @@ class TrainBatch:
         rows = torch.cat([torch.arange(starts[w], ends[w]) for w in keep]) if keep else \
             torch.zeros(0, dtype=torch.long)
         ids = self.token_ids[rows]
-        soft = torch.nonzero(ids == SOFT_ID)[:, 0] if self.soft_rows.numel() else self.soft_rows
+        soft = torch.nonzero(ids == self.soft_id)[:, 0] if self.soft_rows.numel() else \
+            self.soft_rows
         vectors = None if self.user_vectors is None else self.user_vectors[list(keep)]
-        return TrainBatch(ids, self.labels[rows], [self.lengths[w] for w in keep], soft, vectors)
+        return TrainBatch(ids, self.labels[rows], [self.lengths[w] for w in keep], soft, vectors,
+                          self.soft_id)
 
 
-def batch_loss(model: DecoderLM, batch: TrainBatch) -> torch.Tensor:
-    """Mean cross-entropy (full vocabulary, as the engine scores) over the batch's targets."""
+def batch_loss(model: DecoderLM, batch: TrainBatch, vocab: SidVocab | None = None
+               ) -> torch.Tensor:
+    """Mean cross-entropy over the batch's targets, normalised as the engine scores: over the
+    full vocabulary, or over each target's level (``sid_normalize="level"``; needs ``vocab``)."""
     device = model.device
     inputs = PackedInputs(
         token_ids=batch.token_ids, raw_rows=torch.zeros(0, dtype=torch.long), raw_embeds=None,
         soft_rows=batch.soft_rows, user_vectors=batch.user_vectors,
     )
-    # the soft token enters exactly as at serving: projector(user vector) at the SOFT_ID rows
+    # the soft token enters exactly as at serving: projector(user vector) at the soft rows
     embeds = build_input_embeds(model.model.embed_tokens, inputs, None, model.user_projector)
     layout = build_layout(batch.lengths, [], []).to(device)
     hidden = model(embeds, layout.positions, layout)  # [T, hidden]
     labels = batch.labels.to(device)
     rows = labels != IGNORE
+    if model.config.sid_normalize == "level":
+        if vocab is None:
+            raise ValueError("vocab: a level-normalised model's loss needs its SidVocab")
+        return level_loss(model, hidden[rows], labels[rows], vocab)
     return F.cross_entropy(model.logits(hidden[rows]), labels[rows])
 
 
@@ -147,6 +160,9 @@ class GenerativeTask:
     [num_items, user_dim], each window's vector is folded in from the user's items up to the
     window's first item instead: ``svd-causal``); ``val_examples`` (history =
     training items, target = validation item) drive per-epoch Recall/NDCG via ``Engine``.
+    ``texts``: per user, text token ids put before the window's Semantic IDs (None: the
+    vocabulary's default text); ``extra_files`` (name -> bytes, e.g. a kept tokenizer's files)
+    are written beside every checkpoint.
     """
 
     def __init__(
@@ -156,6 +172,7 @@ class GenerativeTask:
         val_batch_size: int = 128, user_ids: Sequence[str] | None = None,
         user_vector_source: str = "", progress: bool = True,
         item_factors: torch.Tensor | None = None,
+        texts: Sequence[Sequence[int]] | None = None, extra_files: dict[str, bytes] | None = None,
     ) -> None:
         self.vocab, self.user_vectors = vocab, user_vectors
         self.batch_tokens, self.seed = batch_tokens, seed
@@ -163,15 +180,21 @@ class GenerativeTask:
         self.beam_width, self.val_batch_size, self.progress = beam_width, val_batch_size, progress
         self.user_ids, self.user_vector_source = user_ids, user_vector_source
         soft = user_vectors is not None
+        self.extra_files = dict(extra_files or {})
+        if texts is not None and len(texts) != len(train_sequences):
+            raise ValueError(f"texts: {len(texts)} entries for {len(train_sequences)} users")
         self.users: list[int] = []
         self.ids: list[torch.Tensor] = []
         self.labels: list[torch.Tensor] = []
         seen: list[list[int]] = []  # per window: the user's items up to its first item
         for user, seq in enumerate(train_sequences):
             vocab.check_items(list(seq), f"train_sequences[{user}]")
+            text = None if texts is None else list(texts[user])
+            if text is not None:
+                vocab.check_text(text, f"texts[{user}]")
             start = 0  # windows tile the sequence from its start, overlapping by one item
             for window in make_windows(seq, vocab.max_history):
-                ids, labels = window_tokens(vocab, window, soft)
+                ids, labels = window_tokens(vocab, window, soft, text)
                 self.users.append(user)
                 self.ids.append(torch.tensor(ids))
                 self.labels.append(torch.tensor(labels))
@@ -204,19 +227,20 @@ class GenerativeTask:
         """The packed batches of ``epoch`` (deterministic in seed and epoch)."""
         for idx in self._batches_of(epoch):
             ids = torch.cat([self.ids[i] for i in idx])
-            soft_rows = torch.nonzero(ids == SOFT_ID)[:, 0] if self.user_vectors is not None \
-                else torch.zeros(0, dtype=torch.long)
+            soft_rows = torch.nonzero(ids == self.vocab.soft_id)[:, 0] \
+                if self.user_vectors is not None else torch.zeros(0, dtype=torch.long)
             vectors = None
             if self.window_vectors is not None:
                 vectors = self.window_vectors[torch.tensor(idx)]
             elif self.user_vectors is not None:
                 vectors = self.user_vectors[torch.tensor([self.users[i] for i in idx])]
             yield TrainBatch(ids, torch.cat([self.labels[i] for i in idx]),
-                             [self.lengths[i] for i in idx], soft_rows, vectors)
+                             [self.lengths[i] for i in idx], soft_rows, vectors,
+                             self.vocab.soft_id)
 
     def loss(self, model: DecoderLM, batch: TrainBatch) -> tuple[torch.Tensor, int]:
         """(mean loss, tokens processed)."""
-        return batch_loss(model, batch), batch.num_tokens
+        return batch_loss(model, batch, self.vocab), batch.num_tokens
 
     def shard(self, batch: TrainBatch, rank: int, world: int) -> tuple[TrainBatch | None, float]:
         """Windows ``rank, rank + world, ...`` of ``batch`` and their share of its targets
@@ -237,7 +261,7 @@ class GenerativeTask:
         if not self.val_examples:
             return None
         if self._engine is None or self._engine.model is not model:
-            self._engine = Engine(model, config=EngineConfig(soft_token_id=SOFT_ID),
+            self._engine = Engine(model, config=EngineConfig(soft_token_id=self.vocab.soft_id),
                                   vocab=self.vocab)
         return evaluate_generative(
             self._engine, self.val_examples, self.user_vectors, beam_width=self.beam_width,
@@ -245,10 +269,14 @@ class GenerativeTask:
         )
 
     def save_extra(self, directory: Path) -> None:
-        """The SidVocab (and the user vectors, when used) beside the model weights."""
+        """The SidVocab (the user vectors, when used, and the extra files) beside the model
+        weights."""
         from genrec.training.user_vectors import save_item_factors, save_user_vectors
+        from genrec.utils.atomic import atomic_write
 
         self.vocab.save(directory)
+        for name, data in self.extra_files.items():
+            atomic_write(Path(directory) / name, lambda tmp, data=data: Path(tmp).write_bytes(data))
         if self.user_vectors is not None:
             users = self.user_ids or [str(u) for u in range(self.user_vectors.shape[0])]
             save_user_vectors(directory, self.user_vectors, self.user_vector_source, users)
@@ -279,26 +307,3 @@ def init_weights(model: nn.Module, std: float = 0.02) -> None:
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
-
-
-def adapt_pretrained(model: DecoderLM, vocab_size: int, user_dim: int = 0) -> DecoderLM:
-    """A pretrained decoder resized to the SID vocabulary, in fp32.
-
-    The SID layout reuses token ids ``0 .. vocab_size-1`` (special tokens first, then the SID
-    tokens right after them): the embedding and LM-head rows of those ids are kept (their text
-    meaning is simply repurposed), the rest are dropped; when the checkpoint has fewer rows, new
-    rows start at the mean embedding. With ``user_dim`` a fresh soft-token projector is added.
-    """
-    cfg = dataclasses.replace(model.config, vocab_size=vocab_size, user_dim=user_dim)
-    new = build_model(cfg)
-    init_weights(new)
-    state = {k: v.float() for k, v in model.state_dict().items()}
-    target = new.state_dict()
-    for key in ("model.embed_tokens.weight", "lm_head.weight"):
-        old, rows = state[key], min(vocab_size, state[key].shape[0])
-        grown = old.mean(dim=0, keepdim=True).expand(vocab_size - rows, -1)
-        state[key] = torch.cat([old[:rows], grown])
-    # a checkpoint's own projector is kept only when its user_dim matches
-    state = {k: v for k, v in state.items() if k in target and v.shape == target[k].shape}
-    new.load_state_dict({**target, **state})
-    return new

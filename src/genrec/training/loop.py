@@ -11,7 +11,8 @@ Output folder layout::
 
 A checkpoint folder is written in full under a hidden temporary name, then swapped in with
 renames, so ``last/`` and ``best/`` always hold one complete epoch. ``train_state.pt`` holds the
-optimizer, scheduler, epoch, step, best metric, early-stopping counter, history and RNG states.
+optimizer (whole, keyed by parameter name: any rank count, with or without FSDP), scheduler,
+epoch, step, best metric, early-stopping counter, history and RNG states.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from genrec.training.checkpoints import (
     write_checkpoint,
 )
 from genrec.training.distributed import World, current_world
+from genrec.training.sharding import SHARDINGS, TrainModel, train_model
 from genrec.utils.atomic import atomic_write_json
 
 HISTORY_FILE = "history.json"
@@ -75,6 +77,7 @@ class LoopConfig:
     keep_epochs: bool = False  # also keep every epoch's weights under out/epochs/NNN
     grad_accum: int = 1  # batches per optimizer step (their mean gradient)
     precision: str = "fp32"  # fp32 | bf16 (autocast; fp32 master weights and optimizer)
+    sharding: str = "none"  # none | fsdp (FSDP2 over the ranks: genrec.training.sharding)
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
@@ -83,6 +86,7 @@ class LoopConfig:
             "warmup_ratio": 0 <= self.warmup_ratio < 1, "min_lr_ratio": 0 <= self.min_lr_ratio <= 1,
             "grad_clip": self.grad_clip >= 0, "patience": self.patience >= 0,
             "grad_accum": self.grad_accum >= 1, "precision": self.precision in ("fp32", "bf16"),
+            "sharding": self.sharding in SHARDINGS,
         }
         for name, ok in checks.items():
             if not ok:
@@ -118,11 +122,11 @@ def _optimizer(model: nn.Module, cfg: LoopConfig) -> torch.optim.Optimizer:
 
 
 def _run_epoch(
-    model: nn.Module, task: TrainTask, epoch: int, cfg: LoopConfig,
+    train: TrainModel, task: TrainTask, epoch: int, cfg: LoopConfig,
     optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
     world: World,
 ) -> dict:
-    model.train()
+    model = train.root.train()
     total_loss = torch.zeros((), device=next(model.parameters()).device)
     steps = tokens = 0
     start = time.perf_counter()
@@ -133,20 +137,23 @@ def _run_epoch(
     for k, batch in enumerate(task.batches(epoch)):
         share = 1.0
         if world.size > 1:  # this rank's part, its loss weighted by its share of the batch
-            batch, share = task.shard(batch, world.rank, world.size)
+            part, share = task.shard(batch, world.rank, world.size)
+            if part is None and train.sharded:  # FSDP needs every rank in every forward
+                part, share = batch, 0.0
+            batch = part
         first, last = k % accum == 0, (k + 1) % accum == 0 or k + 1 == n_batches
         if first:
             optimizer.zero_grad(set_to_none=True)
             group = min(accum, n_batches - k)  # batches whose mean gradient this step takes
         if batch is not None:
             with torch.autocast(device_type, torch.bfloat16, enabled=cfg.precision == "bf16"):
-                loss, n_tokens = task.loss(model, batch)
-            (loss.float() * (share / group)).backward()
+                loss, n_tokens = model(batch)
+            (loss.float() * (share * train.loss_scale(world) / group)).backward()
             total_loss += loss.detach().float() * share
-            tokens += n_tokens
+            tokens += n_tokens if share else 0
         if not last:
             continue
-        world.all_reduce_grads(model)  # summed: the gradient of the whole batch's loss
+        train.reduce_grads(world)  # summed: the gradient of the whole batch's loss
         if cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         optimizer.step()
@@ -179,6 +186,9 @@ def fit(
 
     Under ``torchrun`` (several ranks, :mod:`genrec.training.distributed`) every rank trains
     its shard of each batch (the task must implement ``shard``); rank 0 validates and writes.
+    With ``config.sharding`` "fsdp" the ranks also shard the weights, gradients and optimizer
+    state (FSDP2, :mod:`genrec.training.sharding`), and ``model`` is left sharded: the trained
+    weights are those of ``out_dir/last``.
     """
     cfg = config or LoopConfig()
     cfg.validate()
@@ -210,26 +220,28 @@ def fit(
     else:
         torch.manual_seed(cfg.seed)
     world.broadcast_weights(model)  # every rank starts from rank 0's weights
+    train = train_model(model, task, world, cfg.sharding, cfg.precision)
     # optimizer steps: one per grad_accum batches (and one for an epoch's remainder)
     total = sum(-(-task.num_batches(e) // cfg.grad_accum) for e in range(cfg.epochs))
     warmup = int(cfg.warmup_ratio * total)
-    optimizer = _optimizer(model, cfg)
+    optimizer = _optimizer(train.root, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: warmup_cosine(s, total, warmup, cfg.min_lr_ratio)
     )
     if saved is not None:
-        optimizer.load_state_dict(saved["optimizer"])
+        train.load_optimizer_state(optimizer, saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         set_rng_state(saved["rng"])
 
     for epoch in range(state["epoch"], cfg.epochs):
         if state["stopped"]:
             break
-        stats = _run_epoch(model, task, epoch, cfg, optimizer, scheduler, world)
+        stats = _run_epoch(train, task, epoch, cfg, optimizer, scheduler, world)
         start = time.perf_counter()
-        model.eval()  # no dropout while validating
-        metrics = world.broadcast(task.validate(model) if world.main else None)
-        model.train()
+        train.sync_view()  # under FSDP: rank 0's plain copy gets the gathered weights
+        view = train.view
+        # rank 0 validates its plain model, in eval mode (no dropout)
+        metrics = world.broadcast(task.validate(view.eval()) if view is not None else None)
         entry = {"epoch": epoch + 1, **stats, "val_seconds": time.perf_counter() - start}
         improved = True
         if metrics is not None:
@@ -247,10 +259,11 @@ def fit(
         state["stopped"] = cfg.patience > 0 and state["bad_epochs"] >= cfg.patience
         state["epoch"] = epoch + 1
         state["history"].append(entry)
-        if world.main:  # the others wait: every rank holds the same state
-            payload = {**state, "optimizer": optimizer.state_dict(),
+        optimizer_state = train.optimizer_state(optimizer)  # whole, on rank 0 (collective)
+        if view is not None:  # rank 0; the others wait: every rank holds the same state
+            payload = {**state, "optimizer": optimizer_state,
                        "scheduler": scheduler.state_dict(), "rng": rng_state()}
-            write_checkpoint(model, task, out, payload)
+            write_checkpoint(view, task, out, payload)
             if cfg.keep_epochs:
                 keep_epoch(out, epoch + 1)
             if improved:
