@@ -19,7 +19,8 @@ from genrec import BeamParams, Engine, EngineConfig, RecommendRequest, ScorePara
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.generative.vocab import SOFT_ID, SidVocab
 from genrec.model import build_layout, load_model, save_model
-from genrec.training.generative import GenerativeTask, adapt_pretrained, batch_loss
+from genrec.training.extend_vocab import adapt_pretrained
+from genrec.training.generative import GenerativeTask, batch_loss
 
 NAMES = list(PUBLISHED)
 ORIGINAL_MAX = 64

@@ -7,19 +7,19 @@ import torch
 import torch.nn.functional as F
 
 from genrec.catalog.semantic_ids import with_dedup_level
+from genrec.data.split import training_sequences
 from genrec.generative.vocab import BOS_ID, SOFT_ID, SidVocab
 from genrec.model import build_model
 from genrec.model.checkpoint import load_model, save_model
+from genrec.training.extend_vocab import adapt_pretrained
 from genrec.training.generative import (
     IGNORE,
     GenerativeTask,
-    adapt_pretrained,
     batch_loss,
     init_weights,
     make_windows,
     scratch_config,
     token_batches,
-    training_sequences,
     window_tokens,
 )
 
@@ -52,10 +52,6 @@ def tiny_model(vocab: SidVocab, user_dim: int = 0, seed: int = 0) -> torch.nn.Mo
                                        head_dim=16, user_dim=user_dim))
     init_weights(model)
     return model
-
-
-def test_training_sequences_hold_out_last_two() -> None:
-    assert training_sequences([[1, 2, 3, 4], [5, 6], [7, 8, 9]]) == [[1, 2], [5, 6], [7]]
 
 
 def test_windows_overlap_by_one_and_end_at_last_item() -> None:

@@ -14,8 +14,9 @@ def test_token_ids_and_text_give_the_same_items() -> None:
     offsets = catalog.level_offsets
     codes = catalog.codes_of([4, 9])
     ids = [BOS_ID] + [int(c) + offsets[lv] for row in codes for lv, c in enumerate(row)]
-    assert parse_prompt(catalog, ids, None) == [4, 9]
-    assert parse_prompt(catalog, f"{item_text(catalog, 4)} {item_text(catalog, 9)}", None) == [4, 9]
+    assert parse_prompt(catalog, ids, None) == ([4, 9], None)
+    text = f"{item_text(catalog, 4)} {item_text(catalog, 9)}"
+    assert parse_prompt(catalog, text, None) == ([4, 9], None)
 
 
 @pytest.mark.parametrize("token", [-1, 2**64, 10**6])

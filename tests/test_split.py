@@ -3,6 +3,7 @@ import random
 import pytest
 
 from genrec.data import Example, leave_one_out
+from genrec.data.split import training_sequences
 
 
 def test_hand_made_split():
@@ -45,3 +46,9 @@ def test_random_split_invariants():
             assert e.history == s[max(0, pos - 5) : pos]
         assert split.val[u] == Example(u, s[:-2][-5:], s[-2])
         assert split.test[u] == Example(u, s[:-1][-5:], s[-1])
+
+
+def test_training_sequences_hold_out_last_two() -> None:
+    assert training_sequences([[1, 2, 3, 4], [5, 6], [7, 8, 9]]) == [[1, 2], [5, 6], [7]]
+    # the training parts leave_one_out trains on, short users whole
+    assert training_sequences([[1, 2, 3, 4], [5, 6]], min_interactions=4) == [[1, 2], [5, 6]]

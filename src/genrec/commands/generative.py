@@ -49,8 +49,9 @@ RECIPE_KEYS = ("hidden", "layers", "heads", "kv_heads", "head_dim", "dropout", "
 
 
 def pick_recipe(train_sequences: list[list[int]], given: dict, report: bool) -> dict:
-    """The model size, dropout and epochs: each as given, else the data size's recipe
-    (:func:`genrec.training.recipe.recipe_for` of the training interactions); says which."""
+    """The model size, dropout and epochs: each of ``given`` (:data:`RECIPE_KEYS` -> value or
+    None) as given, else the data size's recipe (:func:`genrec.training.recipe.recipe_for` of
+    the training interactions); says which when ``report``."""
     from genrec.training.recipe import recipe_for
 
     recipe = recipe_for(sum(len(s) for s in train_sequences))
@@ -123,9 +124,11 @@ def train_generative(
     import torch
 
     from genrec.catalog.semantic_ids import SemanticIndex
+    from genrec.data.split import training_sequences
     from genrec.evaluation.generative import split_examples
     from genrec.generative.vocab import SidVocab
     from genrec.model import load_model
+    from genrec.model.registry import build_model
     from genrec.training import extend_vocab as ext
     from genrec.training import generative as gen
     from genrec.training import user_vectors as uv
@@ -145,7 +148,10 @@ def train_generative(
         vocab = SidVocab(sem, max_history=max_history)
         if (extend_vocab and init_from is None) or (prompt_text and not extend_vocab):
             raise ValueError("--extend-vocab needs --init-from; --prompt-text needs --extend-vocab")
-        recipe = pick_recipe(gen.training_sequences(ds.sequences), locals(), main)
+        train = training_sequences(ds.sequences)
+        given = dict(zip(RECIPE_KEYS, (hidden, layers, heads, kv_heads, head_dim, dropout,
+                                       epochs), strict=True))
+        recipe = pick_recipe(train, given, main)
         hidden, layers, heads, kv_heads, head_dim, dropout, epochs = (
             recipe[k] for k in RECIPE_KEYS)
         args |= recipe
@@ -160,7 +166,6 @@ def train_generative(
             factors = uv.load_item_factors(last)
         else:
             if user_vectors == "svd-causal":  # per-user vectors = fold-in of training items
-                train = gen.training_sequences(ds.sequences)
                 factors = uv.svd_item_factors(train, ds.num_items, user_dim, seed=seed)
                 vectors = uv.fold_in(factors, train)
             else:
@@ -171,16 +176,16 @@ def train_generative(
                 model, vocab, files = ext.start_extended(init_from, sem, max_history, dim,
                                                          prompt_text, sid_init, ds.item_text, seed)
             elif init_from is not None:
-                model = gen.adapt_pretrained(load_model(init_from), vocab.vocab_size, dim)
+                model = ext.adapt_pretrained(load_model(init_from), vocab.vocab_size, dim)
             else:
-                model = gen.build_model(gen.scratch_config(
+                model = build_model(gen.scratch_config(
                     vocab, hidden, layers, heads, kv_heads, head_dim, intermediate, dim))
                 gen.init_weights(model)
         model.set_dropout(dropout)
         val = split_examples(ds.sequences, "val", max_history, val_users, seed) \
             if val_users else []
         task = gen.GenerativeTask(
-            vocab, gen.training_sequences(ds.sequences), vectors, batch_tokens, seed, val,
+            vocab, train, vectors, batch_tokens, seed, val,
             beam_width, user_ids=ds.user_ids, user_vector_source=Path(user_vectors).name,
             progress=progress, item_factors=factors, extra_files=files,
         )

@@ -58,6 +58,15 @@ def _prefix_examples(user: int, seq: Sequence[int], max_history: int) -> list[Ex
     ]
 
 
+def training_sequences(
+    sequences: Sequence[Sequence[int]], min_interactions: int = 3
+) -> list[list[int]]:
+    """Each user's training part: all but the last two items (the validation and test targets);
+    users with fewer than ``min_interactions`` items are never evaluated and keep all of them
+    (as :func:`leave_one_out` does)."""
+    return [list(s) if len(s) < min_interactions else list(s[:-2]) for s in sequences]
+
+
 def leave_one_out(
     sequences: Sequence[Sequence[int]],
     max_history: int = 20,

@@ -15,6 +15,7 @@ import torch
 
 from genrec.demo.synthetic import SyntheticData
 from genrec.engine import BeamParams, Engine, Recommendation, RecommendRequest
+from genrec.evaluation.generative import popularity_top
 from genrec.evaluation.metrics import ndcg_at_k, recall_at_k, target_ranks
 
 
@@ -33,13 +34,6 @@ def recommend_all(
     for start in range(0, len(requests), batch_size):
         out.extend(engine.recommend(requests[start : start + batch_size], params))
     return out
-
-
-def popularity_top(counts: np.ndarray, history: Sequence[int], n: int) -> list[int]:
-    """The ``n`` most popular items not in ``history`` (ties: lower item id first)."""
-    seen = set(history)
-    order = np.argsort(-counts, kind="stable")
-    return [int(i) for i in order[: n + len(seen)] if int(i) not in seen][:n]
 
 
 @dataclass
@@ -71,5 +65,8 @@ def evaluate(
     requests = [heldout_request(data, u) for u in users]
     recs = recommend_all(engine, requests, BeamParams(beam_width=beam_width, n=k))
     targets = [data.sequences[u][-1] for u in users]
-    pop = [popularity_top(counts, r.history, k) for r in requests]
-    return quality([r.items for r in recs], targets, k), quality(pop, targets, k), recs
+    # the most popular items each user has not seen (ties: lower item id first)
+    pop = popularity_top(torch.as_tensor(counts), k, len(requests),
+                         [list(r.history) for r in requests])
+    pop_lists = [[int(i) for i in row if i >= 0] for row in pop.tolist()]
+    return quality([r.items for r in recs], targets, k), quality(pop_lists, targets, k), recs

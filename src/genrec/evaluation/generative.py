@@ -19,7 +19,7 @@ from typing import Literal
 import torch
 from tqdm.auto import tqdm
 
-from genrec.data.split import Example, leave_one_out
+from genrec.data.split import Example, leave_one_out, training_sequences
 from genrec.engine import BeamParams, Engine, RecommendRequest
 from genrec.evaluation.metrics import ranking_metrics, target_ranks
 
@@ -124,7 +124,7 @@ def item_counts(sequences: Sequence[Sequence[int]], num_items: int,
                 min_interactions: int = 3) -> torch.Tensor:
     """How often each item occurs in the training parts of ``sequences`` -> [num_items]: all but
     the last two items; users with fewer than ``min_interactions`` keep all, as the split does."""
-    items = [i for s in sequences for i in (s if len(s) < min_interactions else s[:-2])]
+    items = [i for s in training_sequences(sequences, min_interactions) for i in s]
     return torch.bincount(torch.tensor(items, dtype=torch.int64), minlength=num_items)
 
 

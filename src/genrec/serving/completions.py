@@ -20,17 +20,7 @@ from genrec.engine.catalog_state import CatalogState
 _SID_TOKEN = re.compile(r"<([a-z])_(\d+)>")
 
 
-def parse_prompt(catalog: CatalogState, prompt: list[int] | str,
-                 user_vector: list[float] | None) -> list[int]:
-    """History item ids of a completion prompt of Semantic IDs only (token ids
-    ``bos [soft] sid...`` or text of Semantic-ID tokens), looked up in the current catalog."""
-    history, text = parse_mixed_prompt(catalog, prompt, user_vector)
-    if text:
-        raise ValueError("prompt: carries text; parse it with parse_mixed_prompt")
-    return history
-
-
-def parse_mixed_prompt(
+def parse_prompt(
     catalog: CatalogState, prompt: list[int] | str, user_vector: list[float] | None,
     tokenize: Callable[[str], list[int]] | None = None,
 ) -> tuple[list[int], list[int] | None]:

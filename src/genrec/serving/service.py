@@ -25,7 +25,7 @@ from genrec.engine.catalog_state import CatalogState
 from genrec.serving import schemas as S
 from genrec.serving.backends import RankRequest
 from genrec.serving.catalog import CatalogChange, PreparedUpdate, ServiceCatalog
-from genrec.serving.completions import item_text, parse_mixed_prompt
+from genrec.serving.completions import item_text, parse_prompt
 from genrec.serving.messages import CatalogOp, CatalogUpdate, RankBatch, RecommendBatch, ScoreBatch
 from genrec.serving.scheduler import BatchScheduler
 from genrec.serving.worker import BatchWorker
@@ -289,8 +289,8 @@ class Service:
             raise ValueError(f"n: {body.n} must not exceed best_of ({best_of})")
         if body.max_tokens is not None and body.max_tokens < levels:
             raise ValueError(f"max_tokens: one item takes {levels} tokens, got {body.max_tokens}")
-        history, text = parse_mixed_prompt(self._catalog(), body.prompt, body.user_vector,
-                                           lambda t: self._tokens(t, "prompt", False))
+        history, text = parse_prompt(self._catalog(), body.prompt, body.user_vector,
+                                     lambda t: self._tokens(t, "prompt", False))
         request = self._recommend_request(history, body.user_vector, field="prompt", text=text)
         found = await self.scheduler.submit(RecommendBatch(best_of, body.n), request,
                                             deadline_ms)

@@ -28,19 +28,9 @@ from genrec.generative.vocab import SOFT_ID, SidVocab
 from genrec.model.config import ModelConfig
 from genrec.model.decoder import DecoderLM
 from genrec.model.layout import build_layout
-from genrec.model.registry import build_model  # noqa: F401 (callers read it here)
-from genrec.training.extend_vocab import adapt_pretrained, level_loss  # noqa: F401
+from genrec.training.extend_vocab import level_loss
 
 IGNORE = -100
-
-
-def training_sequences(
-    sequences: Sequence[Sequence[int]], min_interactions: int = 3
-) -> list[list[int]]:
-    """Each user's training part: all but the last two items (the validation and test targets);
-    users with fewer than ``min_interactions`` items are never evaluated and keep all of them
-    (as :func:`genrec.data.leave_one_out` does)."""
-    return [list(s) if len(s) < min_interactions else list(s[:-2]) for s in sequences]
 
 
 def make_windows(items: Sequence[int], max_history: int) -> list[list[int]]:
@@ -155,7 +145,8 @@ def token_batches(
 class GenerativeTask:
     """The :class:`genrec.training.loop.TrainTask` of generative retrieval.
 
-    ``train_sequences`` are per-user training parts (see :func:`training_sequences`);
+    ``train_sequences`` are per-user training parts (see
+    :func:`genrec.data.split.training_sequences`);
     ``user_vectors`` [num_users, user_dim] switches the soft token on (with ``item_factors``
     [num_items, user_dim], each window's vector is folded in from the user's items up to the
     window's first item instead: ``svd-causal``); ``val_examples`` (history =

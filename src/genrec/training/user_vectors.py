@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from genrec.catalog.embeddings import load_embeddings, save_embeddings
-from genrec.training.generative import training_sequences
+from genrec.data.split import training_sequences
 from genrec.utils.atomic import atomic_write_json
 
 # .npy, not .safetensors: load_model reads every *.safetensors of a checkpoint as weights
