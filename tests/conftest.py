@@ -63,12 +63,14 @@ def cpu_isa(monkeypatch: pytest.MonkeyPatch):
 
 @pytest.fixture(params=["native", "torch"])
 def attention_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test through the native CPU attention kernel and through the PyTorch path."""
+    """Run a test through the native CPU kernels (attention, and the decoder layers in one
+    call) and through the PyTorch path."""
     from genrec.kernels import cascade_attention_op
     from genrec.model import attention
 
     if request.param == "torch":
         monkeypatch.setattr(attention, "cascade_attention_op", lambda: None)
+        monkeypatch.setenv("GENREC_NATIVE_LAYERS", "0")
     elif cascade_attention_op() is None:
         pytest.skip("the native CPU kernel is not built here (no C++ compiler or MKL)")
     return request.param

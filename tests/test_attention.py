@@ -151,7 +151,7 @@ def test_runs_over_the_key_limit_take_the_pytorch_path(monkeypatch: pytest.Monke
     lay = build_layout(prefixes, [0, 0], [3, 5])
     q, k, v = torch.randn(lay.num_tokens, H, D), torch.randn(lay.num_tokens, HKV, D), \
         torch.randn(lay.num_tokens, HKV, D)
-    monkeypatch.setattr(attention, "_RUN_MAX_KEYS", 4)
+    monkeypatch.setattr(attention, "RUN_MAX_KEYS", 4)
     monkeypatch.setattr(attention, "cascade_attention_op", lambda: pytest.fail("kernel used"))
     monkeypatch.setattr(attention, "fuses_queries", lambda q: True)
     cache = KVCache(1, 1, lay.prefix_cap, 2, lay.branch_cap, HKV, D, torch.float32, "cpu")

@@ -185,24 +185,24 @@ def test_beam_steps_never_compute_the_text_rows(extended: tuple, monkeypatch: py
                                                 ) -> None:
     model, vocab = extended
     engine = Engine(model, config=EngineConfig(soft_token_id=vocab.soft_id), vocab=vocab)
-    seen: list[torch.Tensor] = []
-    inner = model.label_logits
+    seen: list[tuple[int, int]] = []
+    inner = model.range_logits
 
-    def label_logits(hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        seen.append(ids.clone())
-        return inner(hidden, ids)
+    def range_logits(hidden: torch.Tensor, offset: int, size: int) -> torch.Tensor:
+        seen.append((offset, size))
+        return inner(hidden, offset, size)
 
     def refuse(*args: object) -> None:
         raise AssertionError("the full-vocabulary head was computed")
 
-    monkeypatch.setattr(model, "label_logits", label_logits)
-    monkeypatch.setattr(model, "log_normalizer", refuse)
-    monkeypatch.setattr(model, "logits", refuse)
+    monkeypatch.setattr(model, "range_logits", range_logits)
+    for name in ("log_normalizer", "logits", "range_logprobs"):
+        monkeypatch.setattr(model, name, refuse)
     with torch.inference_mode():
         [rec] = engine.recommend([RecommendRequest([1, 2])], BeamParams(beam_width=8, n=4))
     assert len(rec.items) == 4
-    assert [len(ids) for ids in seen] == SIZES  # one level's codes per step, nothing else
-    assert all(int(ids.min()) >= vocab.base for ids in seen)
+    assert [size for _, size in seen] == SIZES  # one level's codes per step, nothing else
+    assert all(offset >= vocab.base for offset, _ in seen)
 
 
 def test_recommend_rejects_text_on_a_sid_only_model() -> None:

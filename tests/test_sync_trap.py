@@ -254,7 +254,7 @@ def model() -> DecoderLM:
 
 @pytest.fixture(params=["cpu", "gpu-like"])
 def gpu_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setitem(genrec.kernels._state, "cascade", None)
+    monkeypatch.setitem(genrec.kernels._state, "loaded", False)
     if request.param == "gpu-like":
         monkeypatch.setattr(attention, "attend", attend.attend_math)
         for module in (layers, lm_head):

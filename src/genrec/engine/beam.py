@@ -56,11 +56,9 @@ def level_logprobs(
     whole vocabulary (minus its log-sum-exp), ``"level"`` over these ``size`` codes alone (a
     log-softmax of their logits: only these rows of the LM head are read, never a text
     vocabulary's)."""
-    ids = torch.arange(offset, offset + size, device=hidden.device)
-    logits = model.label_logits(hidden, ids)  # [N, size]
     if model.config.sid_normalize == "level":
-        return torch.log_softmax(logits, dim=-1)
-    return logits - model.log_normalizer(hidden)[:, None]
+        return torch.log_softmax(model.range_logits(hidden, offset, size), dim=-1)
+    return model.range_logprobs(hidden, offset, size)
 
 
 def prompt_forward(
@@ -129,7 +127,7 @@ def search_levels(
             ancestry = advance_ancestry(ancestry, (rows + parent).reshape(-1), level)
         tokens = (code + level_offsets[level]).reshape(-1)
         step = BeamStepLayout(inputs.prefix_len, ancestry, width, level + 1, levels - 1)
-        hidden = model(model.model.embed_tokens(tokens), step.positions(), step, cache)
+        hidden = model(model.model.embed_tokens(tokens), None, step, cache)
         logp = level_logprobs(model, hidden, level_offsets[level + 1], sizes[level + 1])
     items = parts[0].leaf_items(nodes[0])
     for part, n in zip(parts[1:], nodes[1:], strict=True):

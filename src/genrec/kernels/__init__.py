@@ -1,8 +1,9 @@
 """Optional native CPU kernels, compiled on first use with the machine's C++ compiler.
 
 :func:`cascade_attention_op` returns the compiled cascade attention op (see
-``cascade_attention.cpp``) or None, in which case callers use their portable PyTorch path.
-The shared library is built once per source, torch version and CPU, under
+``cascade_attention.cpp``) and :func:`decoder_layers_op` the decoder's layers in one call
+(``decoder_layers.cpp``), or None, in which case callers use their portable PyTorch path.
+Both live in one shared library, built once per source, torch version and CPU, under
 ``$GENREC_KERNEL_CACHE`` (default ``~/.cache/genrec/kernels``), written to a temporary file
 and renamed into place (concurrent processes may build it at the same time).
 ``GENREC_CPU_KERNELS=0`` disables the kernels.
@@ -26,7 +27,9 @@ from genrec.utils.cpu import aten_capability, cpu_features, kernel_march
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("cascade_attention.cpp")
+_SOURCES = tuple(Path(__file__).with_name(n) for n in (
+    "cascade_attention.cpp", "beam_attention.cpp", "decoder_layers.cpp"))
+_HEADERS = (Path(__file__).with_name("kernel_math.h"),)
 _state: dict[str, Callable[..., torch.Tensor] | None] = {}
 
 
@@ -45,14 +48,14 @@ def _build(compiler: str) -> Path:
     from torch.utils.cpp_extension import include_paths, library_paths
 
     flags = _flags()
-    source = _SOURCE.read_bytes()
+    source = b"".join(p.read_bytes() for p in _SOURCES + _HEADERS)
     # one build per source, flags, torch, compiler and CPU (a shared home directory may serve
     # machines of several kinds)
     key = hashlib.sha256(source + " ".join(
         flags + [torch.__version__, compiler, cpu_features().describe()]).encode())
     cache = Path(os.environ.get("GENREC_KERNEL_CACHE",
                                 Path.home() / ".cache" / "genrec" / "kernels"))
-    target = cache / f"cascade_attention-{key.hexdigest()[:16]}.so"
+    target = cache / f"genrec_cpu-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
     cache.mkdir(parents=True, exist_ok=True)
@@ -60,7 +63,7 @@ def _build(compiler: str) -> Path:
              cpu_features().describe(), cache)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         built = Path(tmp) / target.name
-        cmd = [compiler, *flags, *(f"-I{p}" for p in include_paths()), str(_SOURCE),
+        cmd = [compiler, *flags, *(f"-I{p}" for p in include_paths()), *(str(p) for p in _SOURCES),
                "-o", str(built), *(f"-L{p}" for p in library_paths()), "-ltorch_cpu", "-lc10"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if done.returncode != 0:
@@ -69,19 +72,33 @@ def _build(compiler: str) -> Path:
     return target
 
 
+def _load() -> bool:
+    # build and load the library once; False where it is disabled or cannot be built
+    if "loaded" not in _state:
+        ok = False
+        compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+        if (os.environ.get("GENREC_CPU_KERNELS", "1") != "0"
+                and sys.platform.startswith("linux") and compiler
+                and torch.backends.mkl.is_available()):
+            try:
+                torch.ops.load_library(str(_build(compiler)))
+                ok = True
+            except Exception as exc:  # no usable compiler or BLAS: the PyTorch path serves
+                log.warning("genrec CPU kernels unavailable, using the PyTorch path: %s", exc)
+        _state["loaded"] = ok  # type: ignore[assignment]
+    return bool(_state["loaded"])
+
+
 def cascade_attention_op() -> Callable[..., torch.Tensor] | None:
     """The native op ``(q, shared_k, shared_v, branch_k, branch_v, tasks, scale) -> out``,
     built and loaded on the first call; None where it is disabled or cannot be built."""
-    if "cascade" in _state:
-        return _state["cascade"]
-    op = None
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if (os.environ.get("GENREC_CPU_KERNELS", "1") != "0" and sys.platform.startswith("linux")
-            and compiler and torch.backends.mkl.is_available()):
-        try:
-            torch.ops.load_library(str(_build(compiler)))
-            op = torch.ops.genrec_cpu.cascade_attention
-        except Exception as exc:  # no usable compiler or BLAS: the PyTorch path serves
-            log.warning("genrec CPU kernels unavailable, using the PyTorch path: %s", exc)
-    _state["cascade"] = op
-    return op
+    return torch.ops.genrec_cpu.cascade_attention if _load() else None
+
+
+def decoder_layers_op() -> Callable[..., torch.Tensor] | None:
+    """The native op running every decoder layer of a CPU fp32 forward in one call (see
+    ``decoder_layers.cpp`` and :mod:`genrec.model.native_layers`); None where the kernels
+    are disabled or cannot be built, or ``GENREC_NATIVE_LAYERS=0``."""
+    if os.environ.get("GENREC_NATIVE_LAYERS", "1") == "0":
+        return None
+    return torch.ops.genrec_cpu.decoder_layers if _load() else None

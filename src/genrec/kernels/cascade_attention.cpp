@@ -5,10 +5,8 @@
 // them all; the scores of a tile sit in one buffer and are normalised once (no log-sum-exp
 // merge, no padded grids). Matrix products go through the BLAS that torch links (sgemm_).
 #include <torch/library.h>
-#include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
+
+#include "kernel_math.h"
 
 #include <algorithm>
 #include <atomic>
@@ -16,23 +14,11 @@
 #include <optional>
 #include <vector>
 
-extern "C" void sgemm_(const char*, const char*, const int*, const int*, const int*,
-                       const float*, const float*, const int*, const float*, const int*,
-                       const float*, float*, const int*);
-
-extern "C" int MKL_Set_Num_Threads_Local(int);
-
 namespace {
 
-using Vec = at::vec::Vectorized<float>;
-
-// Column-major C[m, n] = alpha op(A) op(B) + beta C (Fortran BLAS).
-void gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const int im = m, in = n, ik = k, ia = lda, ib = ldb, ic = ldc;
-  const float one = 1.0f;
-  sgemm_(&ta, &tb, &im, &in, &ik, &one, a, &ia, b, &ib, &beta, c, &ic);
-}
+using genrec_kernels::exp_shift;
+using genrec_kernels::gemm;
+using genrec_kernels::Vec;
 
 // Task columns.
 enum : int64_t { kQStart, kQLen, kSharedStart, kSharedLen, kOwnSource, kOwnStart, kOwnBefore,
@@ -176,20 +162,7 @@ at::Tensor cascade_attention(const at::Tensor& q, const at::Tensor& shared_k,
       for (int64_t r = 0; r < m_rows; ++r) {
         const int64_t valid = sl + ob + r % n + 1;  // causal among the own keys
         float* row = s.data() + r * max_n;
-        const float top = at::vec::reduce_all<float>(
-            [](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, row, valid);
-        Vec vtop(top), vsum(0.0f);
-        int64_t j = 0;
-        for (; j + Vec::size() <= valid; j += Vec::size()) {
-          const Vec e = (Vec::loadu(row + j) - vtop).exp_u20();
-          e.store(row + j);
-          vsum = vsum + e;
-        }
-        float sum = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, vsum);
-        for (; j < valid; ++j) {
-          row[j] = std::exp(row[j] - top);
-          sum += row[j];
-        }
+        const float sum = exp_shift(row, valid);
         std::fill(row + valid, row + cols, 0.0f);
         inv[r] = 1.0f / sum;
       }

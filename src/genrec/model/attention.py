@@ -26,8 +26,8 @@ from genrec.model.score_grid import ScoreGridLayout, grid_attention_portable
 _NEG_INF = float("-inf")
 # Native kernel: query rows per run, and the most keys a run may see (its score buffer is
 # rows x keys floats per thread).
-_RUN_ROWS = 64
-_RUN_MAX_KEYS = 16384
+RUN_ROWS = 64
+RUN_MAX_KEYS = 16384
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,8 @@ def prefix_branch_attention(
                                     q_transform)
     caches = (prefix_k, prefix_v, branch_k, branch_v)
     if _native_applies(q, caches):
-        runs, most_keys = layout.query_runs(_RUN_ROWS)
-        if most_keys <= _RUN_MAX_KEYS:
+        runs, most_keys = layout.query_runs(RUN_ROWS)
+        if most_keys <= RUN_MAX_KEYS:
             return _native_attention(q, caches, runs, scale, q_transform)
     if q_transform is not None:
         q = q_transform.apply(q)
@@ -178,7 +178,7 @@ def beam_step_attention(
     [NB, cap, Hkv, D]): the native kernel over the gathered tails on the CPU, else the
     portable batched products (:func:`~genrec.model.beam_step.step_attention_portable`)."""
     caches = (prefix_k, prefix_v, tail_k, tail_v)
-    if _native_applies(q, caches) and prefix_k.shape[1] + layout.level <= _RUN_MAX_KEYS:
+    if _native_applies(q, caches) and prefix_k.shape[1] + layout.level <= RUN_MAX_KEYS:
         gathered = (prefix_k, prefix_v, layout.tails(tail_k), layout.tails(tail_v))
         return _native_attention(q, gathered, layout.runs(prefix_k.shape[1]), scale,
                                  q_transform)
@@ -195,7 +195,7 @@ def score_grid_attention(
     """A score grid's attention (:mod:`genrec.model.score_grid`): the native kernel on the
     CPU, else the portable products."""
     caches = (prefix_k, prefix_v, own_k, own_v)
-    if _native_applies(q, caches) and layout.most_keys() <= _RUN_MAX_KEYS:
+    if _native_applies(q, caches) and layout.most_keys() <= RUN_MAX_KEYS:
         return _native_attention(q, caches, layout.runs(), scale, q_transform)
     if q_transform is not None:
         q = q_transform.apply(q)

@@ -60,15 +60,28 @@ class BeamStepLayout:
         """[NB] the position of each beam's new token: its prefix's length + ``level - 1``."""
         return self.prefix_len[self.beam_request()] + (self.level - 1)
 
+    def slots(self) -> torch.Tensor:
+        """[NB * level] the flat tail slot (row * tail_cap + level) of each beam's token of
+        each level so far, beam after beam, through the ancestry."""
+        if "slots" not in self._derived:
+            cols = torch.arange(self.level, device=self.ancestry.device)
+            slots = self.ancestry[:, : self.level] * self.tail_cap + cols
+            self._derived["slots"] = slots.reshape(-1)
+        return self._derived["slots"]
+
+    def write_slots(self) -> torch.Tensor:
+        """[NB] the flat tail slot each beam's new token is written to (its own row, slot
+        ``level - 1``)."""
+        if "write" not in self._derived:
+            rows = torch.arange(self.num_tokens, device=self.ancestry.device)
+            self._derived["write"] = rows * self.tail_cap + (self.level - 1)
+        return self._derived["write"]
+
     def tails(self, tail: torch.Tensor) -> torch.Tensor:
         """Each beam's tail keys (or values) in level order, gathered through the ancestry:
-        tail [NB, cap, Hkv, D] -> [NB, level, Hkv, D]."""
-        if "slots" not in self._derived:  # [NB * level] flat slot of each (beam, level)
-            cols = torch.arange(self.level, device=self.ancestry.device)
-            slots = self.ancestry[:, : self.level] * tail.shape[1] + cols
-            self._derived["slots"] = slots.reshape(-1)
+        tail [NB, tail_cap, Hkv, D] -> [NB, level, Hkv, D]."""
         flat = tail.view((-1,) + tuple(tail.shape[2:]))
-        rows = flat.index_select(0, self._derived["slots"])
+        rows = flat.index_select(0, self.slots())
         return rows.view((self.num_tokens, self.level) + tuple(tail.shape[2:]))
 
     def runs(self, prefix_cap: int) -> torch.Tensor:

@@ -8,6 +8,7 @@ from torch import nn
 
 from genrec.model import lm_head
 from genrec.model.attention import QueryTransform, fuses_queries, prefix_branch_attention
+from genrec.model.beam_step import BeamStepLayout
 from genrec.model.config import ModelConfig
 from genrec.model.kv_cache import KVCache
 from genrec.model.layers import (
@@ -24,6 +25,7 @@ from genrec.model.layers import (
     scale_rows,
 )
 from genrec.model.layout import AttentionLayout, Readout
+from genrec.model.native_layers import native_forward
 from genrec.model.projector import SoftTokenProjector
 
 # Up to this many rows, q and k heads are normed and rotated in one call (few ops matter more
@@ -235,21 +237,30 @@ class DecoderLM(nn.Module):
         )
 
     def forward(
-        self, embeds: torch.Tensor, positions: torch.Tensor, layout: AttentionLayout,
+        self, embeds: torch.Tensor, positions: torch.Tensor | None, layout: AttentionLayout,
         cache: KVCache | None = None, readout: Readout | None = None,
     ) -> torch.Tensor:
         """embeds [T, hidden], positions [T] -> final-normed hidden states [T, hidden], or
         [K, hidden] for the ``readout`` rows only (the last layer skips the other rows' work).
 
         ``layout`` must live on the model's device; ``cache`` defaults to a transient one.
+        ``positions`` may be None for a beam step (:class:`BeamStepLayout`): its own.
         """
-        if positions.shape != (embeds.shape[0],) or layout.num_tokens != embeds.shape[0]:
+        own = positions is None and isinstance(layout, BeamStepLayout)  # derived if needed
+        if layout.num_tokens != embeds.shape[0] or not own and (
+                positions is None or positions.shape != (embeds.shape[0],)):
+            shape = None if positions is None else tuple(positions.shape)
             raise ValueError(
-                f"embeds has {embeds.shape[0]} tokens, positions {tuple(positions.shape)}, "
+                f"embeds has {embeds.shape[0]} tokens, positions {shape}, "
                 f"layout {layout.num_tokens}"
             )
         if cache is None:
             cache = self.new_cache(layout, transient=True)
+        native = native_forward(self, embeds, positions, layout, cache, readout)
+        if native is not None:  # every layer in one native call (CPU fp32 inference)
+            return native
+        if positions is None:  # a beam step's own
+            positions = layout.positions()
         rope = self.rotary.cos_sin(positions, embeds.dtype)
         p = self.dropout if self.training and readout is None else 0.0
         x = F.dropout(embeds, p, training=True) if p else embeds
@@ -267,6 +278,19 @@ class DecoderLM(nn.Module):
         """Logits of the given tokens only: [N, hidden], [K] -> [N, K] (fp32)."""
         dtype = compute_dtype(self.lm_head.weight)
         return (hidden.to(dtype) @ self.lm_head.weight[label_ids].to(dtype).T).float()
+
+    def range_logits(self, hidden: torch.Tensor, offset: int, size: int) -> torch.Tensor:
+        """Logits of tokens ``offset .. offset + size - 1`` only: [N, hidden] -> [N, size]
+        (fp32), from a view of those rows of the LM head (no gather)."""
+        dtype = compute_dtype(self.lm_head.weight)
+        rows = self.lm_head.weight[offset : offset + size]
+        return (hidden.to(dtype) @ rows.to(dtype).T).float()
+
+    def range_logprobs(self, hidden: torch.Tensor, offset: int, size: int) -> torch.Tensor:
+        """Full-vocabulary log-probabilities of tokens ``offset .. offset + size - 1``:
+        [N, hidden] -> [N, size] (fp32; one tiled pass over the LM head, see
+        :mod:`genrec.model.lm_head`)."""
+        return lm_head.range_logprobs(self.lm_head, hidden, offset, size)
 
     def log_normalizer(self, hidden: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary log-sum-exp of the logits of hidden states [N, hidden] -> [N]

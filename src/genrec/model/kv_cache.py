@@ -60,6 +60,13 @@ class KVCache:
             store[layer] = self._zeros(self._prefix_dims if prefix else self._branch_dims)
         return store[layer]
 
+    def layer_caches(self, layer: int) -> tuple[torch.Tensor, ...]:
+        """The storage of ``layer`` (allocated, zero-filled, where not yet): prefix k, prefix
+        v [R, prefix_cap, Hkv, D], branch k, branch v [NB, branch_cap, Hkv, D]."""
+        return (self._layer(self.prefix_k, layer, True), self._layer(self.prefix_v, layer, True),
+                self._layer(self.branch_k, layer, False),
+                self._layer(self.branch_v, layer, False))
+
     def write(
         self, layer: int, k: torch.Tensor, v: torch.Tensor,
         layout: AttentionLayout | BeamStepLayout | ScoreGridLayout,
@@ -107,10 +114,7 @@ class KVCache:
                     store[layer] = rows.to(self._dtype).contiguous().view(dims + self._row)
                 else:
                     store[layer] = _write(self._layer(store, layer, prefix), slots, rows)
-        return (
-            self._layer(self.prefix_k, layer, True), self._layer(self.prefix_v, layer, True),
-            self._layer(self.branch_k, layer, False), self._layer(self.branch_v, layer, False),
-        )
+        return self.layer_caches(layer)
 
     def reset_branches(self, num_branches: int, branch_cap: int) -> None:
         """Fresh (zeroed) branch storage; the cached prefixes stay."""

@@ -197,13 +197,13 @@ def derived(
     return cached[1]
 
 
-def _packed(
+def packed_linear(
     owner: nn.Module, layers: tuple[nn.Linear, ...], in_scale: torch.Tensor | None,
     dtype: torch.dtype,
 ) -> tuple[torch.Tensor, ...]:
-    # oneDNN-blocked copy in ``dtype`` of the concatenated weights (and biases) with
-    # ``in_scale`` folded in; one per combination of layers the owner runs (q, k, v fused,
-    # or k, v and q apart)
+    """The oneDNN-blocked weight (and bias, or None) in ``dtype`` of ``layers``
+    concatenated on their outputs, with ``in_scale`` ([in] or None) folded in: kept in
+    ``owner``, one per combination of layers it runs (q, k, v fused, or k, v and q apart)."""
     def build() -> tuple[torch.Tensor, ...]:
         with torch.no_grad():
             weight = torch.cat([_weight(layer, in_scale).to(dtype) for layer in layers])
@@ -235,7 +235,7 @@ def fused_linear(
         outs = [F.linear(x, _weight(layer, in_scale), layer.bias) for layer in layers]
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
     dtype = compute_dtype(layers[0].weight)
-    weight, bias = _packed(owner, layers, in_scale, dtype)
+    weight, bias = packed_linear(owner, layers, in_scale, dtype)
     y = torch.ops.mkldnn._linear_pointwise(x.to(dtype), weight, bias, "none", [], "")
     return y.to(out_dtype or x.dtype)
 
@@ -258,7 +258,7 @@ def linear(
         y = y * mul if mul is not None else y
         return (y + add if add is not None else y).to(out_dtype)
     dtype = compute_dtype(layer.weight)
-    weight, bias = _packed(layer, (layer,), in_scale, dtype)
+    weight, bias = packed_linear(layer, (layer,), in_scale, dtype)
     x, mul, add = (None if t is None else t.to(dtype) for t in (x, mul, add))
     if mul is not None and not silu and add is None:
         y = torch.ops.mkldnn._linear_pointwise.binary(x, mul, weight, bias, "mul")

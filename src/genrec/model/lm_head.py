@@ -38,21 +38,49 @@ def vocab_logsumexp(head: nn.Linear, hidden: torch.Tensor, chunk: int | None = N
     """log sum_v exp(hidden @ head.weight[v]) over the whole vocabulary: [N, H] -> [N] fp32.
 
     ``chunk``: rows per step of the plain path (default: about 4M logits per chunk)."""
+    return _logsumexp(head, hidden, chunk, None)[0]
+
+
+def range_logprobs(head: nn.Linear, hidden: torch.Tensor, offset: int, size: int
+                   ) -> torch.Tensor:
+    """Full-vocabulary log-probabilities of tokens ``offset .. offset + size - 1``:
+    [N, H] -> [N, size] fp32. Their logits come from the same tiles as the log-normaliser
+    (one pass over the head's weight)."""
+    lse, logits = _logsumexp(head, hidden, None, (offset, size))
+    return logits.sub_(lse[:, None])
+
+
+def _logsumexp(head: nn.Linear, hidden: torch.Tensor, chunk: int | None,
+               keep: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    # the log-normaliser [N] and, for ``keep`` = (offset, size), those columns' logits
+    # [N, size] (fp32), copied from each tile before it is reduced
     n, vocab = hidden.shape[0], head.weight.shape[0]
     out = torch.empty(n, dtype=torch.float32, device=hidden.device)
+    kept = None if keep is None else torch.empty(n, keep[1], dtype=torch.float32,
+                                                 device=hidden.device)
     if not onednn_inference(hidden, head.weight):
         chunk = chunk or max(16, (4 << 20) // vocab)
-        parts = [torch.logsumexp(_logits(head, hidden[s : s + chunk]), dim=-1)
-                 for s in range(0, n, chunk)]
-        return torch.cat(parts) if parts else out
+        parts = []
+        for s in range(0, n, chunk):
+            logits = _logits(head, hidden[s : s + chunk])
+            if kept is not None:
+                kept[s : s + chunk] = logits[:, keep[0] : keep[0] + keep[1]]
+            parts.append(torch.logsumexp(logits, dim=-1))
+        return (torch.cat(parts) if parts else out), kept
     dtype = compute_dtype(head.weight)
     slices = _packed_slices(head, dtype)
     for start in range(0, n, ROW_BLOCK):
         rows = hidden[start : start + ROW_BLOCK].to(dtype)
         top = total = None  # running max and sum of exp(logit - max): [rows] fp32
-        for weight in slices:
+        for i, weight in enumerate(slices):
             tile = torch.ops.mkldnn._linear_pointwise(rows, weight, None, "none", [], "")
             tile = tile.float() if tile.dtype != torch.float32 else tile  # [rows, slice]
+            if kept is not None:  # the kept columns within this slice
+                first = i * VOCAB_SLICE
+                a, b = max(keep[0], first), min(sum(keep), first + tile.shape[1])
+                if a < b:
+                    kept[start : start + rows.shape[0], a - keep[0] : b - keep[0]] = tile[
+                        :, a - first : b - first]
             tile_top = tile.amax(dim=-1)
             new_top = tile_top if top is None else torch.maximum(top, tile_top)
             tile_sum = tile.sub_(new_top[:, None]).exp_().sum(dim=-1)
@@ -60,7 +88,7 @@ def vocab_logsumexp(head: nn.Linear, hidden: torch.Tensor, chunk: int | None = N
                 tile_sum)
             top = new_top
         out[start : start + rows.shape[0]] = total.log_().add_(top)
-    return out
+    return out, kept
 
 
 def _logits(head: nn.Linear, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,125 @@
+"""Every decoder layer of a CPU inference forward in one native call.
+
+Where it applies (CPU, fp32 weights and inputs, no autograd, the native kernels built, and a
+beam step or a prompt-only forward), :func:`native_forward` hands the whole layer stack to
+``genrec_cpu::decoder_layers`` (:mod:`genrec.kernels`): the same oneDNN products over the same
+packed weights as the PyTorch path, the norms, rotary, cache writes and the cascade attention
+in plain loops, so a forward is one call instead of ~30 operators per layer. Results match the
+PyTorch path to float rounding (the reductions run in another order).
+``GENREC_NATIVE_LAYERS=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from genrec.kernels import decoder_layers_op
+from genrec.model.attention import RUN_MAX_KEYS, RUN_ROWS
+from genrec.model.beam_step import BeamStepLayout
+from genrec.model.kv_cache import KVCache
+from genrec.model.layers import derived, packed_linear
+from genrec.model.layout import AttentionLayout, Readout
+
+if TYPE_CHECKING:
+    from genrec.model.decoder import DecoderLM
+
+
+@dataclass(frozen=True)
+class LayerArgs:
+    """The model's side of the native call, built once per weight version: per layer the
+    packed q/k/v, o, gate + up and down weights (``weights``, 4 per layer) and their biases,
+    the head-norm weights, the read-out layer's q and k/v weights apart (``last_qkv``) and
+    the final norm's weight."""
+
+    weights: list[torch.Tensor]
+    biases: list[torch.Tensor | None]
+    q_norm: list[torch.Tensor | None]
+    k_norm: list[torch.Tensor | None]
+    last_qkv: list[torch.Tensor | None]
+    final_norm: torch.Tensor
+
+
+def _layer_args(model: DecoderLM) -> LayerArgs:
+    def build() -> tuple[LayerArgs]:
+        weights, biases, q_norm, k_norm = [], [], [], []
+        dtype = torch.float32
+        for layer in model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            pre, post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+            for packed in (
+                packed_linear(attn, (attn.q_proj, attn.k_proj, attn.v_proj), pre, dtype),
+                packed_linear(attn.o_proj, (attn.o_proj,), None, dtype),
+                packed_linear(mlp, (mlp.gate_proj, mlp.up_proj), post, dtype),
+                packed_linear(mlp.down_proj, (mlp.down_proj,), None, dtype),
+            ):
+                weights.append(packed[0])
+                biases.append(packed[1])
+            q_norm.append(attn.q_norm.weight.detach() if attn.qk_norm else None)
+            k_norm.append(attn.k_norm.weight.detach() if attn.qk_norm else None)
+        last = model.model.layers[-1]
+        attn, pre = last.self_attn, last.input_layernorm.weight
+        q = packed_linear(attn, (attn.q_proj,), pre, dtype)
+        kv = packed_linear(attn, (attn.k_proj, attn.v_proj), pre, dtype)
+        return (LayerArgs(weights, biases, q_norm, k_norm, [q[0], q[1], kv[0], kv[1]],
+                          model.model.norm.weight.detach()),)
+
+    params = model.__dict__.get("_genrec_layer_params")
+    if params is None:  # the module tree is fixed once built: listed once
+        params = model.__dict__["_genrec_layer_params"] = [
+            *model.model.layers.parameters(), model.model.norm.weight]
+    return derived(model, "native_layers", params, build)[0]
+
+
+def _applies(model: DecoderLM, embeds: torch.Tensor) -> bool:
+    return (embeds.device.type == "cpu" and embeds.dtype == torch.float32
+            and model.dtype == torch.float32 and not model.training
+            and not (torch.is_grad_enabled() and (
+                embeds.requires_grad or model.lm_head.weight.requires_grad))
+            and torch.backends.mkldnn.is_available() and decoder_layers_op() is not None)
+
+
+def native_forward(
+    model: DecoderLM, embeds: torch.Tensor, positions: torch.Tensor | None,
+    layout: AttentionLayout | BeamStepLayout | object, cache: KVCache,
+    readout: Readout | None = None,
+) -> torch.Tensor | None:
+    """``model``'s forward (final-normed hidden states [T, hidden], or [K, hidden] for the
+    ``readout`` rows) in one native call; None where it does not apply (the caller runs the
+    PyTorch layers). Handles beam steps (``positions`` unused: the kernel derives them from
+    the layout) and forwards of prompts alone."""
+    if not _applies(model, embeds):
+        return None
+    beam = isinstance(layout, BeamStepLayout)
+    write_rows = tasks = last_rows = last_tasks = None
+    if beam:
+        if cache.prefix_capacity + layout.level > RUN_MAX_KEYS or readout is not None:
+            return None
+    elif isinstance(layout, AttentionLayout) and not layout.branch_tokens.numel():
+        tasks, most_keys = layout.query_runs(RUN_ROWS)
+        if most_keys > RUN_MAX_KEYS:
+            return None
+        write_rows = layout.prefix_slots
+        if readout is not None:
+            last_tasks, most_keys = readout.layout.query_runs(RUN_ROWS)
+            if most_keys > RUN_MAX_KEYS:
+                return None
+            last_rows = readout.rows
+    else:
+        return None
+    args = _layer_args(model)
+    caches = [cache.layer_caches(i) for i in range(len(model.model.layers))]
+    attn, rotary = model.model.layers[0].self_attn, model.rotary
+    eps = model.model.layers[0].input_layernorm.eps
+    head_eps = attn.q_norm.eps if attn.qk_norm else 0.0
+    return decoder_layers_op()(
+        embeds.contiguous(), None if beam else positions, rotary.inv_freq(embeds.device),
+        rotary.attention_factor, args.weights, args.biases, args.q_norm, args.k_norm,
+        args.final_norm, [c[0] for c in caches], [c[1] for c in caches],
+        [c[2] for c in caches], [c[3] for c in caches], write_rows, tasks, last_rows,
+        last_tasks, args.last_qkv, layout.prefix_len if beam else None,
+        layout.ancestry if beam else None, layout.width if beam else 0,
+        layout.level if beam else 0, attn.heads, attn.kv_heads, eps, head_eps,
+        attn.scale_free, attn.scale)
