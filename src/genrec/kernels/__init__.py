@@ -2,7 +2,8 @@
 
 :func:`cascade_attention_op` returns the compiled cascade attention op (see
 ``cascade_attention.cpp``) and :func:`decoder_layers_op` the decoder's layers in one call
-(``decoder_layers.cpp``), or None, in which case callers use their portable PyTorch path.
+(``decoder_layers.cpp``), and :func:`range_logprobs_op` a level's log-probabilities
+(``lm_head.cpp``), or None, in which case callers use their portable PyTorch path.
 Both live in one shared library, built once per source, torch version and CPU, under
 ``$GENREC_KERNEL_CACHE`` (default ``~/.cache/genrec/kernels``), written to a temporary file
 and renamed into place (concurrent processes may build it at the same time).
@@ -28,7 +29,7 @@ from genrec.utils.cpu import aten_capability, cpu_features, kernel_march
 log = logging.getLogger(__name__)
 
 _SOURCES = tuple(Path(__file__).with_name(n) for n in (
-    "cascade_attention.cpp", "beam_attention.cpp", "decoder_layers.cpp"))
+    "cascade_attention.cpp", "beam_attention.cpp", "decoder_layers.cpp", "lm_head.cpp"))
 _HEADERS = (Path(__file__).with_name("kernel_math.h"),)
 _state: dict[str, Callable[..., torch.Tensor] | None] = {}
 
@@ -93,6 +94,15 @@ def cascade_attention_op() -> Callable[..., torch.Tensor] | None:
     """The native op ``(q, shared_k, shared_v, branch_k, branch_v, tasks, scale) -> out``,
     built and loaded on the first call; None where it is disabled or cannot be built."""
     return torch.ops.genrec_cpu.cascade_attention if _load() else None
+
+
+def range_logprobs_op() -> Callable[..., torch.Tensor] | None:
+    """The native op ``(hidden, packed head slices, slice rows, offset, size) -> [N, size]``:
+    full-vocabulary log-probabilities of one token range in one call (see ``lm_head.cpp``);
+    None where the kernels are disabled or cannot be built, or ``GENREC_NATIVE_LAYERS=0``."""
+    if os.environ.get("GENREC_NATIVE_LAYERS", "1") == "0":
+        return None
+    return torch.ops.genrec_cpu.range_logprobs if _load() else None
 
 
 def decoder_layers_op() -> Callable[..., torch.Tensor] | None:

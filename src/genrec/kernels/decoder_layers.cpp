@@ -5,7 +5,6 @@
 // the norms' weights folded in, as the PyTorch path runs them, without post-ops); the rest
 // are plain loops, so a forward costs one call instead of ~30 small operators per layer.
 #include <torch/library.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 
 #include "kernel_math.h"
 
@@ -21,23 +20,11 @@ namespace {
 
 using genrec_kernels::beam_attention;
 using genrec_kernels::for_rows;
+using genrec_kernels::linear;
 using genrec_kernels::norm_rotary;
 using genrec_kernels::sum_squares;
 using genrec_kernels::Vec;
 using OptList = c10::List<std::optional<at::Tensor>>;
-
-// y = x W^T + b, then ``attr`` ("none", "swish")
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const std::optional<at::Tensor>& b,
-                  std::string_view attr) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&,
-                            const std::optional<at::Tensor>&, std::string_view,
-                            c10::List<std::optional<at::Scalar>>,
-                            std::optional<std::string_view>)>();
-  return op.call(x, w, b, attr, c10::List<std::optional<at::Scalar>>(), std::nullopt);
-}
 
 // y += other (both [rows, n], contiguous)
 void add_into(at::Tensor& y, const at::Tensor& other) {

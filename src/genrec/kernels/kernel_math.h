@@ -3,12 +3,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 // the Fortran BLAS torch links (MKL)
@@ -20,6 +22,19 @@ extern "C" int MKL_Set_Num_Threads_Local(int);
 namespace genrec_kernels {
 
 using Vec = at::vec::Vectorized<float>;
+
+// y = x W^T + b through oneDNN (a weight genrec packed), then ``attr`` ("none", "swish")
+inline at::Tensor linear(const at::Tensor& x, const at::Tensor& w,
+                         const std::optional<at::Tensor>& b, std::string_view attr) {
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&,
+                            const std::optional<at::Tensor>&, std::string_view,
+                            c10::List<std::optional<at::Scalar>>,
+                            std::optional<std::string_view>)>();
+  return op.call(x, w, b, attr, c10::List<std::optional<at::Scalar>>(), std::nullopt);
+}
 
 // Column-major C[m, n] = op(A) op(B) + beta C.
 inline void gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a,

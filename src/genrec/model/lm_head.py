@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from genrec.kernels import range_logprobs_op
 from genrec.model.layers import compute_dtype, derived, onednn_inference
 
 ROW_BLOCK = 1024
@@ -45,7 +46,12 @@ def range_logprobs(head: nn.Linear, hidden: torch.Tensor, offset: int, size: int
                    ) -> torch.Tensor:
     """Full-vocabulary log-probabilities of tokens ``offset .. offset + size - 1``:
     [N, H] -> [N, size] fp32. Their logits come from the same tiles as the log-normaliser
-    (one pass over the head's weight)."""
+    (one pass over the head's weight; in one native call on the CPU in fp32)."""
+    native = range_logprobs_op()
+    if (native is not None and hidden.dtype == torch.float32 and head.weight.dtype == hidden.dtype
+            and onednn_inference(hidden, head.weight) and hidden.shape[0]):
+        return native(hidden.contiguous(), _packed_slices(head, torch.float32), VOCAB_SLICE,
+                      offset, size)
     lse, logits = _logsumexp(head, hidden, None, (offset, size))
     return logits.sub_(lse[:, None])
 
