@@ -127,7 +127,9 @@ def search_levels(
             ancestry = advance_ancestry(ancestry, (rows + parent).reshape(-1), level)
         tokens = (code + level_offsets[level]).reshape(-1)
         step = BeamStepLayout(inputs.prefix_len, ancestry, width, level + 1, levels - 1)
-        hidden = model(model.model.embed_tokens(tokens), None, step, cache)
+        # the embedding rows by index_select (inference: the module call costs more here)
+        embeds = model.model.embed_tokens.weight.index_select(0, tokens)
+        hidden = model(embeds, None, step, cache)
         logp = level_logprobs(model, hidden, level_offsets[level + 1], sizes[level + 1])
     items = parts[0].leaf_items(nodes[0])
     for part, n in zip(parts[1:], nodes[1:], strict=True):

@@ -3,7 +3,8 @@
 :func:`cascade_attention_op` returns the compiled cascade attention op (see
 ``cascade_attention.cpp``) and :func:`decoder_layers_op` the decoder's layers in one call
 (``decoder_layers.cpp``), and :func:`range_logprobs_op` a level's log-probabilities
-(``lm_head.cpp``), or None, in which case callers use their portable PyTorch path.
+(``lm_head.cpp``) and :func:`trie_expand_op` a sparse trie level's edges
+(``trie_expand.cpp``), or None, in which case callers use their portable PyTorch path.
 Both live in one shared library, built once per source, torch version and CPU, under
 ``$GENREC_KERNEL_CACHE`` (default ``~/.cache/genrec/kernels``), written to a temporary file
 and renamed into place (concurrent processes may build it at the same time).
@@ -29,7 +30,8 @@ from genrec.utils.cpu import aten_capability, cpu_features, kernel_march
 log = logging.getLogger(__name__)
 
 _SOURCES = tuple(Path(__file__).with_name(n) for n in (
-    "cascade_attention.cpp", "beam_attention.cpp", "decoder_layers.cpp", "lm_head.cpp"))
+    "cascade_attention.cpp", "beam_attention.cpp", "decoder_layers.cpp", "lm_head.cpp",
+    "trie_expand.cpp"))
 _HEADERS = (Path(__file__).with_name("kernel_math.h"),)
 _state: dict[str, Callable[..., torch.Tensor] | None] = {}
 
@@ -103,6 +105,12 @@ def range_logprobs_op() -> Callable[..., torch.Tensor] | None:
     if os.environ.get("GENREC_NATIVE_LAYERS", "1") == "0":
         return None
     return torch.ops.genrec_cpu.range_logprobs if _load() else None
+
+
+def trie_expand_op() -> Callable[..., torch.Tensor] | None:
+    """The native op ``(nodes, row_ptr, codes, k) -> edges [..., k]`` of a sparse trie level
+    (see ``trie_expand.cpp``); None where the kernels are disabled or cannot be built."""
+    return torch.ops.genrec_cpu.trie_expand if _load() else None
 
 
 def decoder_layers_op() -> Callable[..., torch.Tensor] | None:

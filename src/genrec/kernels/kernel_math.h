@@ -70,10 +70,10 @@ inline float sum_squares(const float* x, int64_t n) {
                                         [](Vec a, Vec b) { return a + b; }, x, n);
 }
 
-// rows [0, n) in parallel chunks (the loops below are cheap per row)
+// rows [0, n) in parallel chunks of at least ``grain`` rows (the loops are cheap per row)
 template <typename F>
-inline void for_rows(int64_t n, F&& body) {
-  at::parallel_for(0, n, 32, [&](int64_t a, int64_t b) {
+inline void for_rows(int64_t n, F&& body, int64_t grain = 32) {
+  at::parallel_for(0, n, grain, [&](int64_t a, int64_t b) {
     for (int64_t t = a; t < b; ++t) body(t);
   });
 }

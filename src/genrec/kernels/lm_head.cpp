@@ -40,7 +40,7 @@ at::Tensor range_logprobs(const at::Tensor& hidden, at::TensorList slices, int64
       const float new_top = std::max(top[t], m);
       total[t] = total[t] * std::exp(top[t] - new_top) + s * std::exp(m - new_top);
       top[t] = new_top;
-    });
+    }, 4);  // rows of a whole vocabulary: worth both threads from a few rows
     covered += std::max<int64_t>(0, b - a);
   }
   TORCH_CHECK(covered == size, "the token range lies outside the head's rows");

@@ -1,0 +1,72 @@
+// The edges of trie nodes by code on the CPU: one pass over each node's CSR row (a Semantic-ID
+// trie level too sparse for a dense table), in place of ~12 tensor operations.
+#include <torch/library.h>
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace {
+
+template <typename P, typename C>
+void expand_rows(const int64_t* nodes, int64_t n, const P* row_ptr, int64_t num_nodes,
+                 const C* codes, int64_t num_edges, int64_t k, int64_t* out) {
+  std::fill(out, out + n * k, -1);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t node = nodes[i];
+    if (node < 0) continue;  // no node: no edges
+    TORCH_CHECK(node < num_nodes, "node id beyond the trie level");
+    const int64_t first = row_ptr[node], end = row_ptr[node + 1];
+    TORCH_CHECK(first >= 0 && first <= end && end <= num_edges, "corrupt trie row");
+    for (int64_t e = first; e < end; ++e) {
+      const int64_t code = codes[e];
+      TORCH_CHECK(code >= 0 && code < k, "trie code beyond the codebook");
+      out[i * k + code] = e;
+    }
+  }
+}
+
+template <typename P>
+void dispatch_codes(const int64_t* nodes, int64_t n, const P* row_ptr, int64_t num_nodes,
+                    const at::Tensor& codes, int64_t k, int64_t* out) {
+  const int64_t m = codes.numel();
+  if (codes.scalar_type() == at::kShort) {
+    expand_rows(nodes, n, row_ptr, num_nodes, codes.data_ptr<int16_t>(), m, k, out);
+  } else if (codes.scalar_type() == at::kInt) {
+    expand_rows(nodes, n, row_ptr, num_nodes, codes.data_ptr<int32_t>(), m, k, out);
+  } else {
+    TORCH_CHECK(codes.scalar_type() == at::kLong, "codes: int16, int32 or int64");
+    expand_rows(nodes, n, row_ptr, num_nodes, codes.data_ptr<int64_t>(), m, k, out);
+  }
+}
+
+}  // namespace
+
+// nodes [...] int64 (negative: none), a level's CSR ``row_ptr`` [nodes + 1] (int32 / int64)
+// and edge ``codes`` [edges] -> int64 [..., k]: the edge of each (node, code), -1 where none.
+at::Tensor trie_expand(const at::Tensor& nodes, const at::Tensor& row_ptr,
+                       const at::Tensor& codes, int64_t k) {
+  TORCH_CHECK(nodes.scalar_type() == at::kLong, "nodes: int64");
+  TORCH_CHECK(row_ptr.dim() == 1 && row_ptr.is_contiguous() && codes.is_contiguous(),
+              "row_ptr, codes: contiguous");
+  const at::Tensor flat = nodes.contiguous();
+  std::vector<int64_t> shape(nodes.sizes().begin(), nodes.sizes().end());
+  shape.push_back(k);
+  at::Tensor out = at::empty(shape, nodes.options());
+  const int64_t n = flat.numel(), num_nodes = row_ptr.numel() - 1;
+  if (row_ptr.scalar_type() == at::kInt) {
+    dispatch_codes(flat.data_ptr<int64_t>(), n, row_ptr.data_ptr<int32_t>(), num_nodes, codes,
+                   k, out.data_ptr<int64_t>());
+  } else {
+    TORCH_CHECK(row_ptr.scalar_type() == at::kLong, "row_ptr: int32 or int64");
+    dispatch_codes(flat.data_ptr<int64_t>(), n, row_ptr.data_ptr<int64_t>(), num_nodes, codes,
+                   k, out.data_ptr<int64_t>());
+  }
+  return out;
+}
+
+TORCH_LIBRARY_FRAGMENT(genrec_cpu, m) {
+  m.def("trie_expand(Tensor nodes, Tensor row_ptr, Tensor codes, int k) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(genrec_cpu, CPU, m) { m.impl("trie_expand", &trie_expand); }
