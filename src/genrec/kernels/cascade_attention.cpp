@@ -18,6 +18,7 @@ namespace {
 
 using genrec_kernels::exp_shift;
 using genrec_kernels::gemm;
+using genrec_kernels::norm_rotary;
 using genrec_kernels::Vec;
 
 // Task columns.
@@ -93,7 +94,6 @@ at::Tensor cascade_attention(const at::Tensor& q, const at::Tensor& shared_k,
     ed = row_eps->data_ptr<float>();
   }
   const float feps = static_cast<float>(eps);
-  const int64_t half = D / 2;
   // one query head of row ``row`` into ``dst``: (head norm, rotary,) times the softmax scale
   auto load_query = [&](const float* src, int64_t row, float* dst) {
     if (!rope) {
@@ -106,28 +106,7 @@ at::Tensor cascade_attention(const at::Tensor& q, const at::Tensor& shared_k,
           [](Vec x) { return x * x; }, [](Vec a, Vec b) { return a + b; }, src, D);
       r = fscale / std::sqrt(ss / D + (ed != nullptr ? ed[row] : feps));
     }
-    const float* c = cd + row * D;
-    const float* sn = sd + row * D;
-    int64_t j = 0;
-    if (half % Vec::size() == 0) {
-      const Vec vr(r);
-      for (; j < half; j += Vec::size()) {
-        Vec lo = Vec::loadu(src + j), hi = Vec::loadu(src + half + j);
-        if (wd != nullptr) {
-          lo = lo * Vec::loadu(wd + j);
-          hi = hi * Vec::loadu(wd + half + j);
-        }
-        ((lo * Vec::loadu(c + j) + hi * Vec::loadu(sn + j)) * vr).store(dst + j);
-        ((hi * Vec::loadu(c + half + j) + lo * Vec::loadu(sn + half + j)) * vr)
-            .store(dst + half + j);
-      }
-    }
-    for (; j < half; ++j) {
-      const float lo = wd != nullptr ? src[j] * wd[j] : src[j];
-      const float hi = wd != nullptr ? src[j + half] * wd[j + half] : src[j + half];
-      dst[j] = (lo * c[j] + hi * sn[j]) * r;
-      dst[j + half] = (hi * c[j + half] + lo * sn[j + half]) * r;
-    }
+    norm_rotary(src, wd, r, cd + row * D, sd + row * D, D, dst);
   };
   const int64_t total = n_tasks * Hkv;
   std::atomic<int64_t> next{0};

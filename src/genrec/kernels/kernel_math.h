@@ -45,8 +45,8 @@ inline void gemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float*
 }
 
 // row[0, n) = exp(row - max(row)) in place (n >= 1); returns their sum (a softmax's
-// denominator)
-inline float exp_shift(float* row, int64_t n) {
+// denominator) and, in ``top``, the maximum
+inline float exp_shift(float* row, int64_t n, float* top_out = nullptr) {
   const float top = at::vec::reduce_all<float>(
       [](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, row, n);
   const Vec vtop(top);
@@ -62,6 +62,7 @@ inline float exp_shift(float* row, int64_t n) {
     row[j] = std::exp(row[j] - top);
     sum += row[j];
   }
+  if (top_out != nullptr) *top_out = top;
   return sum;
 }
 
@@ -80,12 +81,26 @@ inline void for_rows(int64_t n, F&& body, int64_t grain = 32) {
 
 // dst = rotary(src * r * w) (rotate-half; w may be null), cos / sin rows of [D] (sin negated
 // on the first half, as the Python path's signed sine)
-inline void norm_rotary(const float* src, const float* w, float r, const float* c, const float* s,
-                 int64_t d, float* dst) {
+inline void norm_rotary(const float* src, const float* w, float r, const float* c,
+                        const float* s, int64_t d, float* dst) {
   const int64_t half = d / 2;
-  for (int64_t j = 0; j < half; ++j) {
-    const float lo = w ? src[j] * w[j] : src[j];
-    const float hi = w ? src[j + half] * w[j + half] : src[j + half];
+  int64_t j = 0;
+  if (half % Vec::size() == 0) {
+    const Vec vr(r);
+    for (; j < half; j += Vec::size()) {
+      Vec lo = Vec::loadu(src + j), hi = Vec::loadu(src + half + j);
+      if (w != nullptr) {
+        lo = lo * Vec::loadu(w + j);
+        hi = hi * Vec::loadu(w + half + j);
+      }
+      ((lo * Vec::loadu(c + j) + hi * Vec::loadu(s + j)) * vr).store(dst + j);
+      ((hi * Vec::loadu(c + half + j) + lo * Vec::loadu(s + half + j)) * vr)
+          .store(dst + half + j);
+    }
+  }
+  for (; j < half; ++j) {
+    const float lo = w != nullptr ? src[j] * w[j] : src[j];
+    const float hi = w != nullptr ? src[j + half] * w[j + half] : src[j + half];
     dst[j] = (lo * c[j] + hi * s[j]) * r;
     dst[j + half] = (hi * c[j + half] + lo * s[j + half]) * r;
   }

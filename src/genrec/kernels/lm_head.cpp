@@ -34,9 +34,8 @@ at::Tensor range_logprobs(const at::Tensor& hidden, at::TensorList slices, int64
     for_rows(n, [&](int64_t t) {
       float* row = td + t * cols;
       for (int64_t j = a; j < b; ++j) od[t * size + j - offset] = row[j - first];
-      float m = row[0];
-      for (int64_t j = 1; j < cols; ++j) m = std::max(m, row[j]);
-      const float s = exp_shift(row, cols);  // sum of exp(row - m)
+      float m = 0.0f;
+      const float s = exp_shift(row, cols, &m);  // sum of exp(row - m), m its maximum
       const float new_top = std::max(top[t], m);
       total[t] = total[t] * std::exp(top[t] - new_top) + s * std::exp(m - new_top);
       top[t] = new_top;

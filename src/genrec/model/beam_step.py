@@ -69,14 +69,6 @@ class BeamStepLayout:
             self._derived["slots"] = slots.reshape(-1)
         return self._derived["slots"]
 
-    def write_slots(self) -> torch.Tensor:
-        """[NB] the flat tail slot each beam's new token is written to (its own row, slot
-        ``level - 1``)."""
-        if "write" not in self._derived:
-            rows = torch.arange(self.num_tokens, device=self.ancestry.device)
-            self._derived["write"] = rows * self.tail_cap + (self.level - 1)
-        return self._derived["write"]
-
     def tails(self, tail: torch.Tensor) -> torch.Tensor:
         """Each beam's tail keys (or values) in level order, gathered through the ancestry:
         tail [NB, tail_cap, Hkv, D] -> [NB, level, Hkv, D]."""

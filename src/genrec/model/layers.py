@@ -143,8 +143,14 @@ class SwiGLU(nn.Module):
         """``in_scale`` [hidden]: multiplies x's columns, folded into gate and up weights."""
         # the intermediate stays in the compute dtype (fp32 for bf16 on CPUs without bf16)
         inner = compute_dtype(self.gate_proj.weight)
-        gate = linear(x, self.gate_proj, silu=True, in_scale=in_scale, out_dtype=inner)
-        up = linear(x, self.up_proj, mul=gate, in_scale=in_scale, out_dtype=inner)
+        if onednn_inference(x, self.gate_proj.weight):
+            # gate and up as one packed product (the copy the native layers read too)
+            gate, up = fused_linear(self, x, self.gate_proj, self.up_proj, in_scale=in_scale,
+                                    out_dtype=inner).chunk(2, dim=-1)
+            up = up * F.silu(gate)
+        else:
+            gate = linear(x, self.gate_proj, silu=True, in_scale=in_scale, out_dtype=inner)
+            up = linear(x, self.up_proj, mul=gate, in_scale=in_scale, out_dtype=inner)
         return linear(up, self.down_proj, add=residual, out_dtype=x.dtype)
 
 
