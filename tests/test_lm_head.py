@@ -66,17 +66,19 @@ def test_bf16_head_normalises_in_fp32(head: nn.Linear) -> None:
     assert (got.double() - ref).abs().max().item() < 0.05 * ref.abs().max().item()
 
 
-@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("native", ["onednn", "mkl", None])
 @pytest.mark.parametrize(("offset", "size"), [(0, 96), (90, 20), (900, 100), (10, 700)])
 def test_range_logprobs_match_log_softmax(head: nn.Linear, monkeypatch: pytest.MonkeyPatch,
-                                          native: bool, offset: int, size: int) -> None:
+                                          native: str | None, offset: int, size: int) -> None:
     # a level's codes inside one slice of the head, across slices, at its end; the native
-    # call and the PyTorch tiles alike
+    # call (over either weight form) and the PyTorch tiles alike
     from genrec import kernels
 
     if native and kernels.range_logprobs_op() is None:
         pytest.skip("the native CPU kernels are not built here")
-    if not native:
+    if native:
+        monkeypatch.setenv("GENREC_CPU_GEMM", native)
+    else:
         monkeypatch.setenv("GENREC_NATIVE_LAYERS", "0")
     monkeypatch.setattr(lm_head, "VOCAB_SLICE", 96)
     hidden = torch.randn(33, 48)

@@ -64,10 +64,12 @@ def _prompt_run(model, lens: list[int]):  # noqa: ANN001, ANN202
     return hidden, cache
 
 
+@pytest.mark.parametrize("form", ["onednn", "mkl"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_prompt_forward_equals_the_pytorch_layers(variant: str,
+def test_prompt_forward_equals_the_pytorch_layers(variant: str, form: str,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     _needs_op()
+    monkeypatch.setenv("GENREC_CPU_GEMM", form)  # the native products' weight form
     model = _model(variant)
     lens = [7, 1, 40]  # packed prompts; the last layer for their last rows only
     native, native_cache = _prompt_run(model, lens)
@@ -92,11 +94,13 @@ REQUESTS = [RecommendRequest([3, 17, 8]), RecommendRequest([1]),
             RecommendRequest([20, 21], allow=[4, 9, 30, 31, 55])]
 
 
+@pytest.mark.parametrize("form", ["onednn", "mkl"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("width", [1, 7, 32])
-def test_beam_search_equals_the_pytorch_layers(variant: str, width: int,
+def test_beam_search_equals_the_pytorch_layers(variant: str, width: int, form: str,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     _needs_op()
+    monkeypatch.setenv("GENREC_CPU_GEMM", form)
     calls: list[str] = []
 
     def counted(*args: object, **kwargs: object) -> torch.Tensor | None:

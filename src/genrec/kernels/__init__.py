@@ -1,11 +1,13 @@
 """Optional native CPU kernels, compiled on first use with the machine's C++ compiler.
 
 :func:`cascade_attention_op` returns the compiled cascade attention op (see
-``cascade_attention.cpp``) and :func:`decoder_layers_op` the decoder's layers in one call
-(``decoder_layers.cpp``), and :func:`range_logprobs_op` a level's log-probabilities
-(``lm_head.cpp``) and :func:`trie_expand_op` a sparse trie level's edges
-(``trie_expand.cpp``), or None, in which case callers use their portable PyTorch path.
-Both live in one shared library, built once per source, torch version and CPU, under
+``cascade_attention.cpp``), :func:`decoder_layers_op` the decoder's layers in one call
+(``decoder_layers.cpp``), :func:`range_logprobs_op` a level's log-probabilities
+(``lm_head.cpp``), :func:`trie_expand_op` a sparse trie level's edges (``trie_expand.cpp``),
+:func:`mkl_pack_op` and :func:`packed_linear_op` weights in MKL's packed-GEMM form and products
+over either packed form (``mkl_gemm.cpp``); each is None where the kernels are unavailable, in
+which case callers use their portable PyTorch path. All live in one shared library, built once
+per source, torch version and CPU, under
 ``$GENREC_KERNEL_CACHE`` (default ``~/.cache/genrec/kernels``), written to a temporary file
 and renamed into place (concurrent processes may build it at the same time).
 ``GENREC_CPU_KERNELS=0`` disables the kernels.
@@ -31,7 +33,7 @@ log = logging.getLogger(__name__)
 
 _SOURCES = tuple(Path(__file__).with_name(n) for n in (
     "cascade_attention.cpp", "beam_attention.cpp", "decoder_layers.cpp", "lm_head.cpp",
-    "trie_expand.cpp"))
+    "trie_expand.cpp", "mkl_gemm.cpp"))
 _HEADERS = (Path(__file__).with_name("kernel_math.h"),)
 _state: dict[str, Callable[..., torch.Tensor] | None] = {}
 
@@ -120,3 +122,16 @@ def decoder_layers_op() -> Callable[..., torch.Tensor] | None:
     if os.environ.get("GENREC_NATIVE_LAYERS", "1") == "0":
         return None
     return torch.ops.genrec_cpu.decoder_layers if _load() else None
+
+
+def mkl_pack_op() -> Callable[..., torch.Tensor] | None:
+    """The native op ``(weight [N, K] fp32) -> MKL's packed form of it`` (see
+    ``mkl_gemm.cpp``); None where the kernels are disabled or cannot be built."""
+    return torch.ops.genrec_cpu.mkl_pack if _load() else None
+
+
+def packed_linear_op() -> Callable[..., torch.Tensor] | None:
+    """The native op ``(x [M, K], packed weight, bias or None) -> [M, N]`` for a weight in
+    either packed form (oneDNN's or MKL's), as the native layers multiply; None where the
+    kernels are disabled or cannot be built."""
+    return torch.ops.genrec_cpu.packed_linear if _load() else None

@@ -1,9 +1,10 @@
 // The decoder's layers in one native call (CPU inference, fp32): for every layer the input
 // norm, the q/k/v product, q/k head norms and rotary, the KV cache write, the cascade
 // attention, the output product with the residual, the post-attention norm and the SwiGLU MLP.
-// The products are oneDNN's (mkldnn::_linear_pointwise over the weights genrec packed, with
-// the norms' weights folded in, as the PyTorch path runs them, without post-ops); the rest
-// are plain loops, so a forward costs one call instead of ~30 small operators per layer.
+// The products run over the weights genrec packed (the norms' weights folded in): oneDNN's
+// (mkldnn::_linear_pointwise, without post-ops) or MKL's packed GEMM, as native_gemm picked;
+// the rest are plain loops, so a forward costs one call instead of ~30 small operators per
+// layer.
 #include <torch/library.h>
 
 #include "kernel_math.h"
@@ -20,7 +21,7 @@ namespace {
 
 using genrec_kernels::beam_attention;
 using genrec_kernels::for_rows;
-using genrec_kernels::linear;
+using genrec_kernels::linear_packed;
 using genrec_kernels::norm_rotary;
 using genrec_kernels::sum_squares;
 using genrec_kernels::Vec;
@@ -66,9 +67,9 @@ std::optional<at::Tensor> opt_at(const OptList& list, size_t i) { return list.ge
 // ``final_norm``): [T, hidden], or [K, hidden] for the ``last_rows`` [K] alone.
 //
 // Per layer l: weights[l * 4 + i] for i = qkv, o, gate_up (gate and up concatenated), down
-// (packed by genrec, the norm weights folded into qkv and gate_up), biases the same (None: no bias); q_norm / k_norm
-// [D] or None. Caches per layer: prefix [R, cap, Hkv, D], branch [NB, tail_cap, Hkv, D]
-// (contiguous). Rotary: angle = position * inv_freq [D / 2], cos and sin times ``rope_factor``.
+// (packed by genrec in either form, the norm weights folded into qkv and gate_up), biases the
+// same (None: no bias); q_norm / k_norm [D] or None. Caches per layer: prefix
+// [R, cap, Hkv, D], branch [NB, tail_cap, Hkv, D] (contiguous). Rotary: angle = position * inv_freq [D / 2], cos and sin times ``rope_factor``.
 //
 // A prompt forward (``width`` 0): ``positions`` [T]; the new keys / values of row t go to the
 // flat prefix row write_rows[t]; attention by ``tasks`` as in cascade_attention (own keys in
@@ -191,14 +192,14 @@ at::Tensor decoder_layers(
     const float *kd, *vd;
     int64_t kv_stride;
     if (!last) {
-      qkv = linear(xin, weights[l * 4], opt_at(biases, l * 4), "none");
+      qkv = linear_packed(xin, weights[l * 4], opt_at(biases, l * 4));
       q_src = qkv.narrow(1, 0, qd);
       kd = qkv.data_ptr<float>() + qd;
       kv_stride = qd + 2 * kvd;
     } else {
-      kv = linear(xin, *last_qkv.get(2), last_qkv.get(3), "none");
-      q_src = linear(xin.index_select(0, *last_rows), *last_qkv.get(0), last_qkv.get(1),
-                     "none");
+      kv = linear_packed(xin, *last_qkv.get(2), last_qkv.get(3));
+      q_src = linear_packed(xin.index_select(0, *last_rows), *last_qkv.get(0),
+                            last_qkv.get(1));
       kd = kv.data_ptr<float>();
       kv_stride = 2 * kvd;
     }
@@ -249,8 +250,8 @@ at::Tensor decoder_layers(
                                        head_eps);
     }
     at::Tensor residual = last ? x.index_select(0, *last_rows) : x;
-    at::Tensor x1 = linear(att.view({Tq, qd}), weights[l * 4 + 1], opt_at(biases, l * 4 + 1),
-                           "none");
+    at::Tensor x1 = linear_packed(att.view({Tq, qd}), weights[l * 4 + 1],
+                                  opt_at(biases, l * 4 + 1));
     add_into(x1, residual);
     // post-attention norm (its weight folded into gate / up), SwiGLU, residual
     at::Tensor h = at::empty_like(x1);
@@ -264,8 +265,8 @@ at::Tensor decoder_layers(
     // gate and up in one product, the SwiGLU in one loop (oneDNN's swish / binary post-ops
     // cost more than the products themselves at beam-step sizes; so do its residual adds)
     const at::Tensor inner =
-        swiglu(linear(h, weights[l * 4 + 2], opt_at(biases, l * 4 + 2), "none"));
-    x = linear(inner, weights[l * 4 + 3], opt_at(biases, l * 4 + 3), "none");
+        swiglu(linear_packed(h, weights[l * 4 + 2], opt_at(biases, l * 4 + 2)));
+    x = linear_packed(inner, weights[l * 4 + 3], opt_at(biases, l * 4 + 3));
     add_into(x, x1);
   }
   // the final norm, in place

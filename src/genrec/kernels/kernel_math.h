@@ -23,9 +23,15 @@ namespace genrec_kernels {
 
 using Vec = at::vec::Vectorized<float>;
 
-// y = x W^T + b through oneDNN (a weight genrec packed), then ``attr`` ("none", "swish")
-inline at::Tensor linear(const at::Tensor& x, const at::Tensor& w,
-                         const std::optional<at::Tensor>& b, std::string_view attr) {
+// y = x W^T + b with W in MKL's packed-GEMM form (mkl_gemm.cpp)
+at::Tensor mkl_linear(const at::Tensor& x, const at::Tensor& w,
+                      const std::optional<at::Tensor>& b);
+
+// y = x W^T + b for a weight genrec packed: an opaque oneDNN tensor (oneDNN's product), or a
+// dense fp32 tensor in MKL's packed form (genrec.model.native_gemm picks per weight shape)
+inline at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& w,
+                         const std::optional<at::Tensor>& b) {
+  if (!w.is_mkldnn()) return mkl_linear(x, w, b);
   static auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
@@ -33,7 +39,7 @@ inline at::Tensor linear(const at::Tensor& x, const at::Tensor& w,
                             const std::optional<at::Tensor>&, std::string_view,
                             c10::List<std::optional<at::Scalar>>,
                             std::optional<std::string_view>)>();
-  return op.call(x, w, b, attr, c10::List<std::optional<at::Scalar>>(), std::nullopt);
+  return op.call(x, w, b, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
 }
 
 // Column-major C[m, n] = op(A) op(B) + beta C.

@@ -11,7 +11,7 @@
 
 using genrec_kernels::exp_shift;
 using genrec_kernels::for_rows;
-using genrec_kernels::linear;
+using genrec_kernels::linear_packed;
 
 // hidden [N, H] fp32; slices: the head's rows in slices of ``slice_rows`` (the last may be
 // shorter), each packed for oneDNN -> log p(token | row) for tokens offset .. offset+size-1:
@@ -27,7 +27,7 @@ at::Tensor range_logprobs(const at::Tensor& hidden, at::TensorList slices, int64
   float* od = out.data_ptr<float>();
   int64_t covered = 0;
   for (size_t i = 0; i < slices.size(); ++i) {
-    at::Tensor tile = linear(hidden, slices[i], std::nullopt, "none");  // [N, V_i]
+    at::Tensor tile = linear_packed(hidden, slices[i], std::nullopt);  // [N, V_i]
     const int64_t first = static_cast<int64_t>(i) * slice_rows, cols = tile.size(1);
     const int64_t a = std::max(offset, first), b = std::min(offset + size, first + cols);
     float* td = tile.data_ptr<float>();

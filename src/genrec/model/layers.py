@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from genrec.model import rope
+from genrec.model.native_gemm import pack_weight
 from genrec.utils.cpu import bf16_products_native
 
 
@@ -205,11 +206,13 @@ def derived(
 
 def packed_linear(
     owner: nn.Module, layers: tuple[nn.Linear, ...], in_scale: torch.Tensor | None,
-    dtype: torch.dtype,
+    dtype: torch.dtype, form: str = "onednn",
 ) -> tuple[torch.Tensor, ...]:
-    """The oneDNN-blocked weight (and bias, or None) in ``dtype`` of ``layers``
-    concatenated on their outputs, with ``in_scale`` ([in] or None) folded in: kept in
-    ``owner``, one per combination of layers it runs (q, k, v fused, or k, v and q apart)."""
+    """The packed weight (and bias, or None) in ``dtype`` of ``layers`` concatenated on
+    their outputs, with ``in_scale`` ([in] or None) folded in: kept in ``owner``, one per
+    combination of layers it runs (q, k, v fused, or k, v and q apart) and ``form``
+    (oneDNN's blocked weight, or MKL's packed GEMM for the native kernels: see
+    :mod:`genrec.model.native_gemm`)."""
     def build() -> tuple[torch.Tensor, ...]:
         with torch.no_grad():
             weight = torch.cat([_weight(layer, in_scale).to(dtype) for layer in layers])
@@ -219,11 +222,12 @@ def packed_linear(
                     layer.bias.to(dtype) if layer.bias is not None
                     else weight.new_zeros(layer.out_features) for layer in layers
                 ])
-            return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None), bias
+            return pack_weight(weight, form), bias
 
     params = [p for layer in layers for p in (layer.weight, layer.bias, in_scale)
               if p is not None]
-    return derived(owner, ("packed", dtype, *(id(layer) for layer in layers)), params, build)
+    return derived(owner, ("packed", dtype, form, *(id(layer) for layer in layers)), params,
+                   build)
 
 
 def fused_linear(

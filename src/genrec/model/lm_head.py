@@ -18,20 +18,22 @@ from torch import nn
 
 from genrec.kernels import range_logprobs_op
 from genrec.model.layers import compute_dtype, derived, onednn_inference
+from genrec.model.native_gemm import gemm_form, pack_weight
 
 ROW_BLOCK = 1024
 VOCAB_SLICE = 4096
 
 
-def _packed_slices(head: nn.Linear, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    # the head's weight in row slices of VOCAB_SLICE, each packed for oneDNN in ``dtype``
+def _packed_slices(head: nn.Linear, dtype: torch.dtype, form: str = "onednn"
+                   ) -> tuple[torch.Tensor, ...]:
+    # the head's weight in row slices of VOCAB_SLICE, each packed in ``dtype`` and ``form``
+    # (oneDNN's, or MKL's for the native kernel: see genrec.model.native_gemm)
     def build() -> tuple[torch.Tensor, ...]:
         with torch.no_grad():
             weight = head.weight.detach().to(dtype)
-            return tuple(torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), None)
-                         for w in weight.split(VOCAB_SLICE))
+            return tuple(pack_weight(w, form) for w in weight.split(VOCAB_SLICE))
 
-    return derived(head, ("vocab_slices", dtype, VOCAB_SLICE), [head.weight], build)
+    return derived(head, ("vocab_slices", dtype, form, VOCAB_SLICE), [head.weight], build)
 
 
 def vocab_logsumexp(head: nn.Linear, hidden: torch.Tensor, chunk: int | None = None
@@ -50,8 +52,9 @@ def range_logprobs(head: nn.Linear, hidden: torch.Tensor, offset: int, size: int
     native = range_logprobs_op()
     if (native is not None and hidden.dtype == torch.float32 and head.weight.dtype == hidden.dtype
             and onednn_inference(hidden, head.weight) and hidden.shape[0]):
-        return native(hidden.contiguous(), _packed_slices(head, torch.float32), VOCAB_SLICE,
-                      offset, size)
+        form = gemm_form(min(VOCAB_SLICE, head.out_features), head.in_features)
+        return native(hidden.contiguous(), _packed_slices(head, torch.float32, form),
+                      VOCAB_SLICE, offset, size)
     lse, logits = _logsumexp(head, hidden, None, (offset, size))
     return logits.sub_(lse[:, None])
 

@@ -2,9 +2,10 @@
 
 Where it applies (CPU, fp32 weights and inputs, no autograd, the native kernels built, and a
 beam step or a prompt-only forward), :func:`native_forward` hands the whole layer stack to
-``genrec_cpu::decoder_layers`` (:mod:`genrec.kernels`): the same oneDNN products over the same
-packed weights as the PyTorch path, the norms, rotary, cache writes and the cascade attention
-in plain loops, so a forward is one call instead of ~30 operators per layer. Results match the
+``genrec_cpu::decoder_layers`` (:mod:`genrec.kernels`): the products over packed weights (the
+PyTorch path's oneDNN form, or MKL's packed GEMM where :mod:`genrec.model.native_gemm` finds it
+faster), the norms, rotary, cache writes and the cascade attention in plain loops, so a
+forward is one call instead of ~30 operators per layer. Results match the
 PyTorch path to float rounding (the reductions run in another order).
 ``GENREC_NATIVE_LAYERS=0`` turns it off.
 """
@@ -22,6 +23,7 @@ from genrec.model.beam_step import BeamStepLayout
 from genrec.model.kv_cache import KVCache
 from genrec.model.layers import derived, packed_linear
 from genrec.model.layout import AttentionLayout, Readout
+from genrec.model.native_gemm import gemm_form, gemm_setting
 
 if TYPE_CHECKING:
     from genrec.model.decoder import DecoderLM
@@ -29,10 +31,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class LayerArgs:
-    """The model's side of the native call, built once per weight version: per layer the
-    packed q/k/v, o, gate + up and down weights (``weights``, 4 per layer) and their biases,
-    the head-norm weights, the read-out layer's q and k/v weights apart (``last_qkv``) and
-    the final norm's weight."""
+    """The model's side of the native call, built once per weight version and
+    ``GENREC_CPU_GEMM`` setting: per layer the packed q/k/v, o, gate + up and down weights
+    (``weights``, 4 per layer) and their biases, the head-norm weights, the read-out layer's
+    q and k/v weights apart (``last_qkv``) and the final norm's weight."""
 
     weights: list[torch.Tensor]
     biases: list[torch.Tensor | None]
@@ -42,18 +44,24 @@ class LayerArgs:
     final_norm: torch.Tensor
 
 
+def _packed(owner: torch.nn.Module, layers: tuple[torch.nn.Linear, ...],
+            in_scale: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    # fp32, in the form native_gemm picks for the concatenated weight's shape
+    form = gemm_form(sum(layer.out_features for layer in layers), layers[0].in_features)
+    return packed_linear(owner, layers, in_scale, torch.float32, form)
+
+
 def _layer_args(model: DecoderLM) -> LayerArgs:
     def build() -> tuple[LayerArgs]:
         weights, biases, q_norm, k_norm = [], [], [], []
-        dtype = torch.float32
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             pre, post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
             for packed in (
-                packed_linear(attn, (attn.q_proj, attn.k_proj, attn.v_proj), pre, dtype),
-                packed_linear(attn.o_proj, (attn.o_proj,), None, dtype),
-                packed_linear(mlp, (mlp.gate_proj, mlp.up_proj), post, dtype),
-                packed_linear(mlp.down_proj, (mlp.down_proj,), None, dtype),
+                _packed(attn, (attn.q_proj, attn.k_proj, attn.v_proj), pre),
+                _packed(attn.o_proj, (attn.o_proj,), None),
+                _packed(mlp, (mlp.gate_proj, mlp.up_proj), post),
+                _packed(mlp.down_proj, (mlp.down_proj,), None),
             ):
                 weights.append(packed[0])
                 biases.append(packed[1])
@@ -61,8 +69,8 @@ def _layer_args(model: DecoderLM) -> LayerArgs:
             k_norm.append(attn.k_norm.weight.detach() if attn.qk_norm else None)
         last = model.model.layers[-1]
         attn, pre = last.self_attn, last.input_layernorm.weight
-        q = packed_linear(attn, (attn.q_proj,), pre, dtype)
-        kv = packed_linear(attn, (attn.k_proj, attn.v_proj), pre, dtype)
+        q = _packed(attn, (attn.q_proj,), pre)
+        kv = _packed(attn, (attn.k_proj, attn.v_proj), pre)
         return (LayerArgs(weights, biases, q_norm, k_norm, [q[0], q[1], kv[0], kv[1]],
                           model.model.norm.weight.detach()),)
 
@@ -70,7 +78,7 @@ def _layer_args(model: DecoderLM) -> LayerArgs:
     if params is None:  # the module tree is fixed once built: listed once
         params = model.__dict__["_genrec_layer_params"] = [
             *model.model.layers.parameters(), model.model.norm.weight]
-    return derived(model, "native_layers", params, build)[0]
+    return derived(model, ("native_layers", gemm_setting()), params, build)[0]
 
 
 def _applies(model: DecoderLM, embeds: torch.Tensor) -> bool:
