@@ -97,3 +97,37 @@ def test_bad_requests(engine: Engine, request_, params, message: str) -> None:
 def test_engine_without_vocabulary_refuses(engine: Engine) -> None:
     with pytest.raises(ValueError, match="no Semantic-ID vocabulary"):
         Engine(engine.model).recommend([RecommendRequest([1])])
+
+
+@pytest.mark.parametrize(("requests", "beams", "codes", "width", "parts"),
+                         [(3, 6, 9, 8, 1), (2, 1, 5, 8, 2), (4, 8, 16, 32, 2), (1, 3, 2, 4, 1)])
+def test_native_level_choice_equals_the_tensor_path(
+    requests: int, beams: int, codes: int, width: int, parts: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a level's choice of beams: dead beams, pairs allowed by one part or the other, fewer
+    # allowed pairs than the width, and a width above beams x codes
+    from genrec import kernels
+    from genrec.engine import beam
+
+    native = kernels.beam_select_op()
+    if native is None:
+        pytest.skip("the native CPU kernels are not built here")
+    g = torch.Generator().manual_seed(requests * 100 + beams)
+    logp = torch.log_softmax(torch.randn(requests * beams, codes, generator=g), dim=-1)
+    scores = torch.randn(requests, beams, generator=g)
+    scores[0, -1] = float("-inf")  # a dead beam
+    edges = []
+    for _ in range(parts):
+        e = torch.arange(requests * beams * codes).view(requests, beams, codes)
+        edges.append(e.masked_fill(torch.rand(e.shape, generator=g) < 0.6, -1))
+    edges[0][-1] = -1  # the last request: allowed by the other part only, or by none
+    got = beam.select_beams(logp, scores, edges, width)
+    monkeypatch.setattr(beam, "beam_select_op", lambda: None)
+    ref = beam.select_beams(logp, scores, edges, width)
+    assert torch.equal(got[0], ref[0])  # the same scores, -inf past the allowed pairs
+    live = ~torch.isinf(ref[0])
+    for mine, theirs in zip([got[1], got[2], *got[3]], [ref[1], ref[2], *ref[3]], strict=True):
+        assert mine.shape == theirs.shape and torch.equal(mine[live], theirs[live])
+    for chosen in got[3]:
+        assert (chosen[~live] == -1).all()

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from genrec.catalog.filters import LevelLists, PartFilter, live_edges
 from genrec.catalog.trie import SemanticTrie
+from genrec.kernels import beam_select_op
 from genrec.model.beam_step import BeamStepLayout, advance_ancestry
 from genrec.model.decoder import DecoderLM
 from genrec.model.kv_cache import KVCache
@@ -77,6 +78,32 @@ def prompt_forward(
     return model(embeds, layout.positions, layout, view, readout=readout), layout.prefix_len
 
 
+def select_beams(
+    logp: torch.Tensor, scores: torch.Tensor, edges: list[torch.Tensor], width: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """One level's choice: per request the ``width`` best (beam, code) pairs by score +
+    log-probability where some part has an edge. logp [R*B, K], scores [R, B], edges per part
+    [R, B, K] (-1: none) -> top scores [R, W] (W = min(width, B*K), best first, -inf past the
+    allowed pairs), parent beam and code [R, W], per part the chosen edges [R, W] (-1 where
+    the score is -inf). One native pass on the CPU; tensor operations elsewhere."""
+    native = beam_select_op() if logp.device.type == "cpu" else None
+    if native is not None and logp.dtype == torch.float32:
+        top, parent, code, *nodes = native(logp, scores, edges, width)
+        return top, parent, code, nodes
+    n_req, beams = scores.shape
+    size = logp.shape[1]
+    ok = edges[0] >= 0
+    for e in edges[1:]:
+        ok = ok | (e >= 0)
+    cand = scores[:, :, None] + torch.where(ok, logp.view(n_req, beams, size), _NEG_INF)
+    top, idx = cand.view(n_req, -1).topk(min(width, beams * size), dim=1)  # [R, W]
+    dead = torch.isinf(top)
+    # edge id at level l == node id at level l + 1 (see catalog.trie)
+    nodes = [e.view(n_req, -1).gather(1, idx).to(torch.long).masked_fill(dead, -1)
+             for e in edges]
+    return top, idx // size, idx % size, nodes
+
+
 def search_levels(
     model: DecoderLM, parts: list[SemanticTrie], level_offsets: list[int], width: int,
     inputs: SearchInputs, cache: KVCache, ancestry: torch.Tensor,
@@ -98,23 +125,13 @@ def search_levels(
     nodes = [torch.zeros(n_req, 1, dtype=torch.long, device=device) for _ in parts]
     scores = torch.zeros(n_req, 1, device=device)
     for level in range(levels):
-        size, beams = sizes[level], scores.shape[1]
         # per part: the edge of each (beam, code), -1 where it leads to no returnable item
         edges = []
         for p, part in enumerate(parts):
             e = part.expand(level, nodes[p])
             edges.append(torch.where(live_edges(inputs.lists[p][level], inputs.restricted[p],
                                                 e), e, -1))
-        ok = edges[0] >= 0
-        for e in edges[1:]:
-            ok = ok | (e >= 0)
-        cand = scores[:, :, None] + torch.where(ok, logp.view(n_req, beams, size), _NEG_INF)
-        top, idx = cand.view(n_req, -1).topk(min(width, beams * size), dim=1)  # [R, B]
-        parent, code = idx // size, idx % size
-        dead = torch.isinf(top)
-        # edge id at level l == node id at level l + 1 (see catalog.trie)
-        nodes = [e.view(n_req, -1).gather(1, idx).to(torch.long).masked_fill(dead, -1)
-                 for e in edges]
+        top, parent, code, nodes = select_beams(logp, scores, edges, width)
         scores = top
         if level + 1 == levels:
             break

@@ -4,6 +4,7 @@
 ``cascade_attention.cpp``), :func:`decoder_layers_op` the decoder's layers in one call
 (``decoder_layers.cpp``), :func:`range_logprobs_op` a level's log-probabilities
 (``lm_head.cpp``), :func:`trie_expand_op` a sparse trie level's edges (``trie_expand.cpp``),
+:func:`beam_select_op` a search level's choice of beams (``beam_select.cpp``),
 :func:`mkl_pack_op` and :func:`packed_linear_op` weights in MKL's packed-GEMM form and products
 over either packed form (``mkl_gemm.cpp``); each is None where the kernels are unavailable, in
 which case callers use their portable PyTorch path. All live in one shared library, built once
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 _SOURCES = tuple(Path(__file__).with_name(n) for n in (
     "cascade_attention.cpp", "beam_attention.cpp", "decoder_layers.cpp", "lm_head.cpp",
-    "trie_expand.cpp", "mkl_gemm.cpp"))
+    "trie_expand.cpp", "mkl_gemm.cpp", "beam_select.cpp"))
 _HEADERS = (Path(__file__).with_name("kernel_math.h"),)
 _state: dict[str, Callable[..., torch.Tensor] | None] = {}
 
@@ -113,6 +114,13 @@ def trie_expand_op() -> Callable[..., torch.Tensor] | None:
     """The native op ``(nodes, row_ptr, codes, k) -> edges [..., k]`` of a sparse trie level
     (see ``trie_expand.cpp``); None where the kernels are disabled or cannot be built."""
     return torch.ops.genrec_cpu.trie_expand if _load() else None
+
+
+def beam_select_op() -> Callable[..., list[torch.Tensor]] | None:
+    """The native op ``(logp [R*B, K], scores [R, B], edges per part [R, B, K], width) ->
+    [top, parent, code, *chosen edges per part]`` (see ``beam_select.cpp``); None where the
+    kernels are disabled or cannot be built."""
+    return torch.ops.genrec_cpu.beam_select if _load() else None
 
 
 def decoder_layers_op() -> Callable[..., torch.Tensor] | None:
