@@ -45,6 +45,8 @@ from common import (  # noqa: E402
 from genrec import BeamParams, Engine, EngineConfig, RecommendRequest  # noqa: E402
 from genrec.catalog.semantic_ids import SemanticIndex  # noqa: E402
 from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab  # noqa: E402
+from genrec.kernels import packed_linear_op  # noqa: E402
+from genrec.model.native_gemm import pack_weight  # noqa: E402
 
 LEVELS, CODES = 4, 256
 
@@ -75,8 +77,9 @@ def linear_floor_s(shape: ModelShape, prompt: int, width: int, repeats: int = 20
     forward (``prompt`` rows; the last layer's attention output, MLP and LM head for its last
     row only), then one forward of ``width`` beam tokens per further level, each layer with
     its own weights (as in the model: they do not all stay in the CPU caches), run back to
-    back. The faster of oneDNN with packed weights (genrec's path) and MKL's ``torch.mm``,
-    best of ``repeats``. Nothing else (attention, norms, top-k) is counted."""
+    back. The fastest of oneDNN with packed weights, MKL's packed GEMM (genrec's two weight
+    forms) and MKL's ``torch.mm``, best of ``repeats``. Nothing else (attention, norms, top-k)
+    is counted."""
     h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     i = shape.intermediate
     sizes = [(h, q + 2 * kv), (q, h), (h, i), (h, i), (i, h)]  # qkv, o, gate, up, down
@@ -103,7 +106,19 @@ def linear_floor_s(shape: ModelShape, prompt: int, width: int, repeats: int = 20
         for x, w in mkl:
             torch.mm(x, w)
 
-    return min(time_fn(fn, repeats, warmup=3)[0].best for fn in (run_onednn, run_mkl))
+    runs = [run_onednn, run_mkl]
+    product = packed_linear_op()
+    if product is not None:  # MKL's packed GEMM, as the native kernels run it
+        mkl_packed = {id(w): pack_weight(w, "mkl") for _, w in plan}
+        packed_runs = [(inputs[(r, w.shape[1])], mkl_packed[id(w)]) for r, w in plan]
+
+        def run_mkl_packed() -> None:
+            for x, w in packed_runs:
+                product(x, w, None)
+
+        runs.append(run_mkl_packed)
+    with torch.inference_mode():
+        return min(time_fn(fn, repeats, warmup=3)[0].best for fn in runs)
 
 
 def hf_generate(model, vocab: SidVocab, prompts: torch.Tensor, width: int):  # noqa: ANN001

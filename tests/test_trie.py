@@ -18,15 +18,16 @@ def random_codes(n: int = 11, seed: int = 0, sizes: list[int] = SIZES) -> torch.
     return space[torch.randperm(len(space), generator=g)[:n]]
 
 
-@pytest.fixture(params=["dense", "sparse", "sparse-torch"])
+@pytest.fixture(params=["dense", "dense-torch", "sparse", "sparse-torch"])
 def layout(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every level dense (the default for small tables), or every level CSR (expanded by the
-    native CPU op where it is built, or by tensor operations: ``sparse-torch``)."""
+    """Every level dense (the default for small tables), or every level CSR; expanded by the
+    native CPU ops where they are built, or by tensor operations (``-torch``)."""
     if request.param.startswith("sparse"):
         monkeypatch.setattr(trie_module, "_DENSE_SLOTS", 0)
         monkeypatch.setattr(trie_module, "_DENSE_FILL", 2.0)
-    if request.param == "sparse-torch":
+    if request.param.endswith("-torch"):
         monkeypatch.setattr(trie_module, "trie_expand_op", lambda: None)
+        monkeypatch.setattr(trie_module, "trie_expand_dense_op", lambda: None)
     return request.param.split("-")[0]
 
 

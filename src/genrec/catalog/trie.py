@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from genrec.catalog.semantic_ids import SemanticIndex, mixed_radix_key
-from genrec.kernels import trie_expand_op
+from genrec.kernels import trie_expand_dense_op, trie_expand_op
 
 # A level stays dense when its table has at most this many slots, or is at least 1/4 full.
 _DENSE_SLOTS = 1 << 20
@@ -204,9 +204,12 @@ class SemanticTrie:
         """The edges of ``nodes`` [...] (level-``level`` node ids, negative: none) by code:
         int64 [..., K] (edge id, -1 where the node has no such code)."""
         lv = self.levels[level]
-        native = trie_expand_op() if nodes.device.type == "cpu" else None
-        if lv.table is None and native is not None:  # one pass over the nodes' CSR rows
-            return native(nodes.to(torch.int64), lv.row_ptr, lv.codes, lv.size)
+        if nodes.device.type == "cpu":  # one native pass over the nodes' rows
+            native = trie_expand_op() if lv.table is None else trie_expand_dense_op()
+            if native is not None and lv.table is None:
+                return native(nodes.to(torch.int64), lv.row_ptr, lv.codes, lv.size)
+            if native is not None:
+                return native(nodes.to(torch.int64), lv.table)
         valid = nodes >= 0
         safe = nodes.clamp(min=0).to(torch.int64)
         if lv.table is not None:

@@ -129,8 +129,10 @@ def search_levels(
         edges = []
         for p, part in enumerate(parts):
             e = part.expand(level, nodes[p])
-            edges.append(torch.where(live_edges(inputs.lists[p][level], inputs.restricted[p],
-                                                e), e, -1))
+            lists = inputs.lists[p][level]
+            if any(t is not None for t in lists):  # else every edge leads to live items
+                e = torch.where(live_edges(lists, inputs.restricted[p], e), e, -1)
+            edges.append(e)
         top, parent, code, nodes = select_beams(logp, scores, edges, width)
         scores = top
         if level + 1 == levels:

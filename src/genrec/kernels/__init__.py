@@ -116,6 +116,12 @@ def trie_expand_op() -> Callable[..., torch.Tensor] | None:
     return torch.ops.genrec_cpu.trie_expand if _load() else None
 
 
+def trie_expand_dense_op() -> Callable[..., torch.Tensor] | None:
+    """The native op ``(nodes, table) -> edges [..., k]`` of a dense trie level (see
+    ``trie_expand.cpp``); None where the kernels are disabled or cannot be built."""
+    return torch.ops.genrec_cpu.trie_expand_dense if _load() else None
+
+
 def beam_select_op() -> Callable[..., list[torch.Tensor]] | None:
     """The native op ``(logp [R*B, K], scores [R, B], edges per part [R, B, K], width) ->
     [top, parent, code, *chosen edges per part]`` (see ``beam_select.cpp``); None where the
