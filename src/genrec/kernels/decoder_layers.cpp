@@ -46,7 +46,7 @@ at::Tensor swiglu(const at::Tensor& gate_up) {
   const float* g = gate_up.data_ptr<float>();
   float* o = out.data_ptr<float>();
   for_rows(rows, [&](int64_t t) {
-    at::vec::map2([](Vec x, Vec y) { return x / (Vec(1.0f) + x.neg().exp()) * y; },
+    at::vec::map2([](Vec x, Vec y) { return x / (Vec(1.0f) + x.neg().exp_u20()) * y; },
                   o + t * inter, g + t * 2 * inter, g + t * 2 * inter + inter, inter);
   }, 8);  // ~1 us a row: a beam step's 32 rows are worth both threads
   return out;
