@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 import genrec.kernels as kernels
 import genrec.model.native_gemm as native_gemm
-from genrec.model.native_gemm import FORMS, gemm_form, gemm_setting, pack_weight
+from genrec.model.native_gemm import FORMS, gemm_form, gemm_setting, pack_weight, row_invariant
 
 pytestmark = pytest.mark.numerics
 
@@ -86,3 +86,18 @@ def test_without_kernels_the_form_is_onednn(monkeypatch: pytest.MonkeyPatch) -> 
     assert gemm_form(48, 32) == "onednn"
     with pytest.raises(RuntimeError, match="native CPU kernels"):
         pack_weight(torch.randn(4, 4), "mkl")
+
+
+@pytest.mark.parametrize(("n", "k"), [(48, 32), (96, 48), (512, 256), (256, 768)])
+def test_auto_keeps_mkl_only_where_a_row_does_not_depend_on_the_batch(
+    n: int, k: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a score must not depend on its batch: MKL's products of some shapes (few input columns,
+    # or under an AVX2 cap) give a row other bits with another row count; oneDNN's never
+    _op()
+    monkeypatch.setenv("GENREC_CPU_GEMM", "auto")
+    monkeypatch.setattr(native_gemm, "_chosen", {})
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(n))
+    assert row_invariant(pack_weight(w, "onednn"), k)
+    if gemm_form(n, k) == "mkl":
+        assert row_invariant(pack_weight(w, "mkl"), k)

@@ -205,11 +205,10 @@ class SemanticTrie:
         int64 [..., K] (edge id, -1 where the node has no such code)."""
         lv = self.levels[level]
         if nodes.device.type == "cpu":  # one native pass over the nodes' rows
-            native = trie_expand_op() if lv.table is None else trie_expand_dense_op()
-            if native is not None and lv.table is None:
-                return native(nodes.to(torch.int64), lv.row_ptr, lv.codes, lv.size)
-            if native is not None:
-                return native(nodes.to(torch.int64), lv.table)
+            if lv.table is None and (csr := trie_expand_op()) is not None:
+                return csr(nodes.to(torch.int64), lv.row_ptr, lv.codes, lv.size)
+            if lv.table is not None and (dense := trie_expand_dense_op()) is not None:
+                return dense(nodes.to(torch.int64), lv.table)
         valid = nodes >= 0
         safe = nodes.clamp(min=0).to(torch.int64)
         if lv.table is not None:

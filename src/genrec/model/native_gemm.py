@@ -3,13 +3,18 @@
 Two forms: oneDNN's blocked weight (``torch.ops.mkldnn._reorder_linear_weight``, the form the
 PyTorch path multiplies) and MKL's packed-GEMM buffer (``genrec_cpu::mkl_pack``, multiplied by
 ``cblas_sgemm_compute``; see ``kernels/mkl_gemm.cpp``). Which is faster depends on the CPU and
-the shape: on a 2-core Intel Xeon with AVX-512, 32-row products ran 1.3-1.6x faster through
-MKL's packed form; on a 2-core AMD EPYC, MKL's plain GEMM ran at half of oneDNN's speed. So by
-default each weight shape is measured once per process (both forms on a product of
-:data:`GEMM_ROWS` rows, calls alternating) and MKL's form is kept where it wins by
-:data:`MARGIN`. MKL's form costs memory: its buffer holds about 7 MB beside each matrix.
+the shape: on a 2-core Intel Xeon with AVX-512, 32-row products ran 1.3-2.1x faster through
+MKL's packed form; on a 2-core AMD EPYC, MKL's plain GEMM ran at half of oneDNN's speed. And
+MKL's results for a row may depend on how many rows are multiplied with it (seen for inputs of
+32 or 48 columns, and under an AVX2 cap), which would make a score depend on its batch;
+oneDNN's do not. So by default each weight shape is checked once per process: MKL's form is
+kept where its rows come out bitwise the same for every row count checked
+(:data:`CHECKED_ROWS` against :data:`REFERENCE_ROWS`) and it beats oneDNN by :data:`MARGIN` on
+a product of :data:`GEMM_ROWS` rows (both timed, calls alternating). MKL's form costs memory:
+its buffer holds about 7 MB beside each matrix.
 
-``GENREC_CPU_GEMM``: ``auto`` (default), ``mkl`` or ``onednn`` (every weight in that form).
+``GENREC_CPU_GEMM``: ``auto`` (default), ``mkl`` or ``onednn`` (every weight in that form;
+``mkl`` unchecked).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ FORMS = ("onednn", "mkl")
 GEMM_ROWS = 32  # a beam step's rows at width 32: the products that decide a search's speed
 MARGIN = 1.1  # MKL's form is picked where it is at least this much faster
 REPEATS = 15
+REFERENCE_ROWS = 1024
+CHECKED_ROWS = (*range(1, 65), 97, 128, 200, 300, 512)
 
 _chosen: dict[tuple[int, int, int], str] = {}
 
@@ -39,8 +46,9 @@ def gemm_setting() -> str:
 
 def gemm_form(out_features: int, in_features: int) -> str:
     """The form (``"onednn"`` or ``"mkl"``) for an fp32 weight [out_features, in_features]
-    multiplied by the native kernels: as ``GENREC_CPU_GEMM`` says, ``auto`` measured once
-    per process, shape and thread count; ``"onednn"`` where the kernels are not built."""
+    multiplied by the native kernels: as ``GENREC_CPU_GEMM`` says, ``auto`` checked and
+    measured once per process, shape and thread count; ``"onednn"`` where the kernels are not
+    built."""
     setting = gemm_setting()
     if mkl_pack_op() is None:
         return "onednn"
@@ -66,14 +74,28 @@ def pack_weight(weight: torch.Tensor, form: str) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
 
 
+def row_invariant(packed: torch.Tensor, in_features: int) -> bool:
+    """Whether products over ``packed`` give each row the same bits whatever the number of
+    rows multiplied with it: :data:`CHECKED_ROWS` against one of :data:`REFERENCE_ROWS`."""
+    op = packed_linear_op()
+    x = torch.randn(REFERENCE_ROWS, in_features, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        reference = op(x, packed, None)
+        return all(torch.equal(op(x[:rows], packed, None), reference[:rows])
+                   for rows in CHECKED_ROWS)
+
+
 def _measure(n: int, k: int) -> str:
-    # both forms of one random weight on GEMM_ROWS rows, calls alternating (the same machine
-    # state for both), best of REPEATS after a warm-up
+    # MKL's form where its rows do not depend on the row count and it is faster: both forms
+    # of one random weight on GEMM_ROWS rows, calls alternating (the same machine state for
+    # both), best of REPEATS after a warm-up
     g = torch.Generator().manual_seed(0)
     weight, x = torch.randn(n, k, generator=g), torch.randn(GEMM_ROWS, k, generator=g)
     op = packed_linear_op()
     with torch.inference_mode():
         packed = {form: pack_weight(weight, form) for form in FORMS}
+        if not row_invariant(packed["mkl"], k):
+            return "onednn"
         best = dict.fromkeys(FORMS, float("inf"))
         for _ in range(REPEATS + 1):
             for form, w in packed.items():
