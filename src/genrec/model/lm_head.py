@@ -18,22 +18,24 @@ from torch import nn
 
 from genrec.kernels import range_logprobs_op
 from genrec.model.layers import compute_dtype, derived, onednn_inference
-from genrec.model.native_gemm import gemm_form, pack_weight
+from genrec.model.native_gemm import gemm_form, gemm_setting, pack_weight
 
 ROW_BLOCK = 1024
 VOCAB_SLICE = 4096
 
 
-def _packed_slices(head: nn.Linear, dtype: torch.dtype, form: str = "onednn"
+def _packed_slices(head: nn.Linear, dtype: torch.dtype, native_forms: bool = False
                    ) -> tuple[torch.Tensor, ...]:
-    # the head's weight in row slices of VOCAB_SLICE, each packed in ``dtype`` and ``form``
-    # (oneDNN's, or MKL's for the native kernel: see genrec.model.native_gemm)
+    # the head's weight in row slices of VOCAB_SLICE, each packed in ``dtype`` for oneDNN, or
+    # (``native_forms``: for the native kernel) in the form native_gemm picks for its shape
     def build() -> tuple[torch.Tensor, ...]:
         with torch.no_grad():
             weight = head.weight.detach().to(dtype)
-            return tuple(pack_weight(w, form) for w in weight.split(VOCAB_SLICE))
+            return tuple(pack_weight(w, gemm_form(*w.shape) if native_forms else "onednn")
+                         for w in weight.split(VOCAB_SLICE))
 
-    return derived(head, ("vocab_slices", dtype, form, VOCAB_SLICE), [head.weight], build)
+    forms = gemm_setting() if native_forms else "onednn"
+    return derived(head, ("vocab_slices", dtype, forms, VOCAB_SLICE), [head.weight], build)
 
 
 def vocab_logsumexp(head: nn.Linear, hidden: torch.Tensor, chunk: int | None = None
@@ -52,8 +54,7 @@ def range_logprobs(head: nn.Linear, hidden: torch.Tensor, offset: int, size: int
     native = range_logprobs_op()
     if (native is not None and hidden.dtype == torch.float32 and head.weight.dtype == hidden.dtype
             and onednn_inference(hidden, head.weight) and hidden.shape[0]):
-        form = gemm_form(min(VOCAB_SLICE, head.out_features), head.in_features)
-        return native(hidden.contiguous(), _packed_slices(head, torch.float32, form),
+        return native(hidden.contiguous(), _packed_slices(head, torch.float32, True),
                       VOCAB_SLICE, offset, size)
     lse, logits = _logsumexp(head, hidden, None, (offset, size))
     return logits.sub_(lse[:, None])
