@@ -69,7 +69,8 @@ std::optional<at::Tensor> opt_at(const OptList& list, size_t i) { return list.ge
 // Per layer l: weights[l * 4 + i] for i = qkv, o, gate_up (gate and up concatenated), down
 // (packed by genrec in either form, the norm weights folded into qkv and gate_up), biases the
 // same (None: no bias); q_norm / k_norm [D] or None. Caches per layer: prefix
-// [R, cap, Hkv, D], branch [NB, tail_cap, Hkv, D] (contiguous). Rotary: angle = position * inv_freq [D / 2], cos and sin times ``rope_factor``.
+// [R, cap, Hkv, D], branch [NB, tail_cap, Hkv, D] (contiguous). Rotary: angle = position *
+// inv_freq [D / 2], cos and sin times ``rope_factor``.
 //
 // A prompt forward (``width`` 0): ``positions`` [T]; the new keys / values of row t go to the
 // flat prefix row write_rows[t]; attention by ``tasks`` as in cascade_attention (own keys in

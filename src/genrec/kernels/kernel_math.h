@@ -30,7 +30,7 @@ at::Tensor mkl_linear(const at::Tensor& x, const at::Tensor& w,
 // y = x W^T + b for a weight genrec packed: an opaque oneDNN tensor (oneDNN's product), or a
 // dense fp32 tensor in MKL's packed form (genrec.model.native_gemm picks per weight shape)
 inline at::Tensor linear_packed(const at::Tensor& x, const at::Tensor& w,
-                         const std::optional<at::Tensor>& b) {
+                                const std::optional<at::Tensor>& b) {
   if (!w.is_mkldnn()) return mkl_linear(x, w, b);
   static auto op =
       c10::Dispatcher::singleton()

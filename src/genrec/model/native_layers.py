@@ -4,8 +4,8 @@ Where it applies (CPU, fp32 weights and inputs, no autograd, the native kernels 
 beam step or a prompt-only forward), :func:`native_forward` hands the whole layer stack to
 ``genrec_cpu::decoder_layers`` (:mod:`genrec.kernels`): the products over packed weights (the
 PyTorch path's oneDNN form, or MKL's packed GEMM where :mod:`genrec.model.native_gemm` finds it
-faster), the norms, rotary, cache writes and the cascade attention in plain loops, so a
-forward is one call instead of ~30 operators per layer. Results match the
+faster and batch-independent), the norms, rotary, cache writes and the cascade attention in
+plain loops, so a forward is one call instead of ~30 operators per layer. Results match the
 PyTorch path to float rounding (the reductions run in another order).
 ``GENREC_NATIVE_LAYERS=0`` turns it off.
 """
