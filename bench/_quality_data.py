@@ -79,12 +79,19 @@ def make_job(work: Path, name: str, examples: Sequence[Example],
     }
 
 
-def run_worker(python: str, job: dict[str, Any], work: Path) -> dict[str, Any]:
+def run_worker(python: str, job: dict[str, Any], work: Path,
+               reuse: bool = False) -> dict[str, Any]:
     """Run the RecBole worker under ``python`` (cwd ``work``: RecBole writes ``log/`` there);
-    RuntimeError with the log's tail if it fails."""
+    RuntimeError with the log's tail if it fails. ``reuse``: return the answer already in
+    ``work`` when it answers exactly this job (same data, models, caps and test users), so a
+    long training run is done once and compared with several genrec models."""
     work = Path(work).resolve()
     job_in, job_out, log_path = work / "recbole.in.json", work / "recbole.out.json", \
         work / "recbole.log"
+    if reuse and job_out.is_file() and job_in.is_file() and \
+            json.loads(job_in.read_text()) == json.loads(json.dumps(job)):
+        return json.loads(job_out.read_text())
+    job_out.unlink(missing_ok=True)
     job_in.write_text(json.dumps(job))
     threads = str(job["threads"])
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import sys
 import time
 from typing import Any
@@ -242,8 +243,10 @@ def main(in_path: str, out_path: str) -> None:
     results = {name: run_model(job, name) for name in job["models"]}
     versions = {"recbole": recbole.__version__, "torch": torch.__version__,
                 "numpy": numpy.__version__, "python": sys.version.split()[0]}
-    with open(out_path, "w") as f:
+    tmp = f"{out_path}.tmp"  # atomic: a kept answer is reused by --reuse-recbole
+    with open(tmp, "w") as f:
         json.dump({"results": results, "versions": versions}, f)
+    os.replace(tmp, out_path)
 
 
 if __name__ == "__main__":

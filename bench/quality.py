@@ -7,7 +7,9 @@ recommended and counts as a miss unless it is the target), and with each user's 
 masked (never recommended), as RecBole does for its general models such as Pop.
 
 - genrec: a trained model (``--model``; or ``--train OUT`` trains one first with
-  ``--train-args``), full-catalog constrained beam search (``evaluate_generative``);
+  ``--train-args``), full-catalog constrained beam search (``evaluate_generative``), or an
+  ensemble of models over the same index (``--ensemble``, as ``genrec eval --ensemble``);
+  without ``--model``, RecBole and Pop only;
 - Pop: the most frequent training items (``evaluate_popularity``, genrec's code);
 - SASRec and Pop by RecBole 1.2.1 (``--recbole-python``): its defaults (SASRec: 2 layers,
   hidden 64, max length 50, cross-entropy, Adam lr 1e-3, batch 2048, validation every epoch,
@@ -15,7 +17,8 @@ masked (never recommended), as RecBole does for its general models such as Pop.
   environment by ``bench/_recbole_worker.py`` on the same split written as an atomic file, with
   the training time capped by ``--recbole-minutes`` (of CPU time by default, validation not
   counted) on ``--recbole-threads`` threads. The worker returns each test user's top-10 items;
-  the metrics are computed here.
+  the metrics are computed here. ``--reuse-recbole`` reuses the answer kept in ``--work`` when
+  it answers the same job (a long SASRec run compared with several genrec models).
 
 Pop is shown twice. genrec's counts every training interaction (ties: lower item index first).
 RecBole 1.2.1's Pop adds one per item per training batch (``item_cnt[item] += 1`` with
@@ -93,29 +96,28 @@ def train_genrec(data: Path, out: Path, recipe: str, threads: int) -> float:
     return time.perf_counter() - start
 
 
-def genrec_side(model: Path, ds: Any, args: argparse.Namespace) -> tuple[dict, list, list]:
-    """genrec's metrics (unmasked and masked) on the test split; returns them, the examples
-    and their full histories."""
-    from genrec.engine import Engine
-    from genrec.training.user_vectors import fold_in, load_item_factors, load_saved_user_vectors
+def genrec_side(models: list[Path], ds: Any, args: argparse.Namespace) -> tuple[dict, list,
+                                                                               list]:
+    """genrec's metrics (unmasked and masked) on the test split, of one model or of an
+    ensemble (``--ensemble``: mean log-probabilities, as ``genrec eval --ensemble``); returns
+    them, the examples and their full histories."""
+    from genrec.commands.evaluate import load_generative
+    from genrec.engine.ensemble import Ensemble
 
-    folder = model / "best" if (model / "best" / "config.json").is_file() else model
-    engine = Engine.from_pretrained(folder, device="cpu")
+    members = [load_generative(m, ds, "test", "cpu", "--model") for m in models]
+    engine, vectors = members[0]
+    if len(members) > 1:
+        engine = Ensemble([e for e, _ in members])
     examples = split_examples(ds.sequences, "test", engine.vocab.max_history, args.users,
                               args.seed)
     histories = full_histories(ds.sequences, examples, "test")
-    vectors = None
-    if engine.model.config.user_dim:  # as genrec eval: svd-causal folds in the history
-        factors = load_item_factors(folder)
-        vectors = (fold_in(factors, [s[:-1] for s in ds.sequences]) if factors is not None
-                   else load_saved_user_vectors(folder, ds.user_ids))
     out = {}
     for name, exclude in (("unmasked", None), ("masked", histories)):
         start = time.perf_counter()
         out[name] = evaluate_generative(engine, examples, vectors, args.beam_width,
                                         batch_size=args.batch_size, exclude=exclude)
         out[name]["seconds"] = round(time.perf_counter() - start, 2)
-    out["model"] = str(folder)
+    out["model"] = [str(m) for m in models] if len(models) > 1 else str(models[0])
     return out, examples, histories
 
 
@@ -127,7 +129,7 @@ def recbole_side(ds: Any, examples: list, histories: list, work: Path,
                    args.recbole_models.split(","), args.recbole_minutes * 60,
                    args.recbole_threads, overrides=overrides, clock=args.recbole_clock)
     start = time.perf_counter()
-    answer = run_worker(args.recbole_python, job, work)
+    answer = run_worker(args.recbole_python, job, work, reuse=args.reuse_recbole)
     targets = [ex.target for ex in examples]
     out: dict[str, Any] = {"versions": answer["versions"],
                            "wall_seconds": round(time.perf_counter() - start, 1)}
@@ -164,6 +166,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--data", type=Path, help="dataset folder (genrec's JSON format)")
     p.add_argument("--model", type=Path, help="trained genrec model (or its training folder)")
+    p.add_argument("--ensemble", type=Path, action="append", default=[],
+                   help="another genrec model over the same index, ranking with --model by the "
+                        "mean log-probability (repeat for more)")
     p.add_argument("--train", type=Path, default=None,
                    help="train a genrec model into this folder first (index + training)")
     p.add_argument("--train-args", default=RECIPE, help="options of genrec train generative")
@@ -184,6 +189,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--recbole-config", default=None,
                    help='JSON overrides per model, e.g. \'{"SASRec": {"epochs": 5}}\'')
     p.add_argument("--work", type=Path, default=None, help="work folder (default: a temp one)")
+    p.add_argument("--reuse-recbole", action="store_true",
+                   help="reuse RecBole's answer kept in --work if it answers the same job")
+    p.add_argument("--max-history", type=int, default=20,
+                   help="without --model: the history length of the test examples (the "
+                        "targets and masks do not depend on it)")
     p.add_argument("--setup-recbole", type=Path, default=None,
                    help="create RecBole's environment in this folder and exit")
     p.add_argument("--smoke", action="store_true",
@@ -204,16 +214,21 @@ def compare(args: argparse.Namespace, work: Path, run: dict[str, Any]) -> tuple[
         args.beam_width = min(args.beam_width, 10)
         overrides = {**SMOKE_RECBOLE, **overrides}
         args.recbole_minutes = min(args.recbole_minutes, 1.0)
-    if args.data is None or (args.model is None and args.train is None):
-        raise SystemExit("give --data and --model (or --train), or --smoke")
+    if args.data is None:
+        raise SystemExit("give --data (and --model or --train), or --smoke")
     if args.train is not None:
         run["genrec_train_seconds"] = round(
             train_genrec(args.data, args.train, args.train_args, args.threads), 1)
         run["genrec_train_args"] = args.train_args
         args.model = args.train / "model"
     ds = load_json_dataset(args.data)
-    gen, examples, histories = genrec_side(args.model, ds, args)
-    results: dict[str, dict] = {"genrec": gen}
+    results: dict[str, dict] = {}
+    if args.model is not None:
+        results["genrec"], examples, histories = genrec_side([args.model, *args.ensemble], ds,
+                                                             args)
+    else:  # RecBole and Pop only (e.g. a long SASRec run, reused later by --reuse-recbole)
+        examples = split_examples(ds.sequences, "test", args.max_history, args.users, args.seed)
+        histories = full_histories(ds.sequences, examples, "test")
     results["Pop"] = {m: evaluate_popularity(ds.sequences, examples, ds.num_items, exclude=h)
                       for m, h in (("unmasked", None), ("masked", histories))}
     if not args.recbole_python:

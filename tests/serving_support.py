@@ -24,16 +24,17 @@ N_ITEMS = 40
 LABEL = 3
 
 
-def tiny_engine() -> Engine:
-    """A random generative model over 40 items (3-level Semantic IDs), user_dim 5, and an
-    item table (2 vectors per item, version 3)."""
-    torch.manual_seed(0)
+def tiny_engine(seed: int = 0, user_dim: int = 5) -> Engine:
+    """A random generative model over 40 items (3-level Semantic IDs), ``user_dim`` 5, and an
+    item table (2 vectors per item, version 3); ``seed`` draws the weights only (the catalog
+    and the table are the same for every seed)."""
+    torch.manual_seed(seed)
     g = torch.Generator().manual_seed(0)
     all_ids = torch.cartesian_prod(*[torch.arange(k) for k in SIZES])
     index = SemanticIndex(all_ids[torch.randperm(all_ids.shape[0], generator=g)[:N_ITEMS]], SIZES)
     cfg = ModelConfig(vocab_size=NUM_SPECIAL + sum(SIZES), hidden_size=32, intermediate_size=48,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      head_dim=8, user_dim=5, max_position_embeddings=64)
+                      head_dim=8, user_dim=user_dim, max_position_embeddings=64)
     model = build_model(cfg)
     with torch.no_grad():
         model.lm_head.weight.mul_(40)

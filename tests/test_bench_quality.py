@@ -147,3 +147,35 @@ def test_smoke_with_recbole(tmp_path: Path) -> None:
     assert sasrec["target_mismatch"] == sasrec["history_mismatch"] == 0
     for k in quality.KEYS:  # RecBole's own SASRec metrics (unmasked) agree with genrec's code
         assert sasrec["unmasked"][k] == pytest.approx(sasrec["recbole_test"][k], abs=1e-4)
+
+
+def test_an_ensemble_with_itself_scores_as_the_model(tmp_path: Path) -> None:
+    single = run_smoke(tmp_path)["results"]["genrec"]
+    work = tmp_path / "work"
+    threads = torch.get_num_threads()
+    try:
+        assert quality.main(["--data", str(work / "toy"), "--model", str(work / "genrec" /
+                             "model"), "--ensemble", str(work / "genrec" / "model"),
+                             "--beam-width", "10", "--json", str(tmp_path / "e.json")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    both = json.loads((tmp_path / "e.json").read_text())["results"]["genrec"]
+    assert isinstance(both["model"], list) and len(both["model"]) == 2
+    for mode in ("unmasked", "masked"):
+        assert {k: both[mode][k] for k in quality.KEYS} == \
+            {k: single[mode][k] for k in quality.KEYS}
+
+
+def test_worker_answers_are_reused_only_for_the_same_job(tmp_path: Path) -> None:
+    job = {"models": ["SASRec"], "threads": 1, "test": [{"user": "0", "target": 3}]}
+    answer = {"results": {}, "versions": {"recbole": "kept"}}
+    (tmp_path / "recbole.in.json").write_text(json.dumps(job))
+    (tmp_path / "recbole.out.json").write_text(json.dumps(answer))
+    missing = str(tmp_path / "no-python")  # running the worker would fail
+    assert qd.run_worker(missing, job, tmp_path, reuse=True) == answer
+    with pytest.raises(OSError):  # another job: the worker runs (and cannot here)
+        qd.run_worker(missing, {**job, "threads": 2}, tmp_path, reuse=True)
+    assert not (tmp_path / "recbole.out.json").exists()  # the stale answer is gone
+    (tmp_path / "recbole.out.json").write_text(json.dumps(answer))
+    with pytest.raises(OSError):  # without reuse it always runs
+        qd.run_worker(missing, job, tmp_path)

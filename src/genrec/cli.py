@@ -113,7 +113,8 @@ def score(
 from genrec.commands.average import average_command  # noqa: E402
 from genrec.commands.common import train_app  # noqa: E402
 from genrec.commands.duolm import encode_catalog  # noqa: E402  (also adds train teacher/duolm)
-from genrec.commands.generative import eval_command  # noqa: E402  (also adds train generative)
+from genrec.commands.evaluate import eval_command  # noqa: E402
+from genrec.commands.generative import train_generative  # noqa: E402, F401 (adds the command)
 from genrec.commands.index import index_command  # noqa: E402
 from genrec.commands.plot import plot_command  # noqa: E402
 from genrec.commands.serve import serve  # noqa: E402

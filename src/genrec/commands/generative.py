@@ -1,10 +1,9 @@
-"""Commands of generative retrieval: ``train generative`` and ``eval`` (``genrec index`` is in
-:mod:`genrec.commands.index`).
+"""The command that trains generative retrieval: ``train generative`` (``genrec index`` is in
+:mod:`genrec.commands.index`, ``genrec eval`` in :mod:`genrec.commands.evaluate`).
 
-Register in ``genrec.cli`` with one line each::
+Register in ``genrec.cli`` with one line::
 
     app.add_typer(train_app, name="train")  # from genrec.commands.common
-    app.command("eval")(eval_command)
 
 Heavy modules are imported inside the functions so that ``genrec --help`` stays fast.
 """
@@ -40,6 +39,7 @@ from genrec.commands.dataset import (
 from genrec.utils.device import resolve_device
 
 if TYPE_CHECKING:
+
     from genrec.catalog.semantic_ids import SemanticIndex
     from genrec.data.loaders import Dataset
 
@@ -211,83 +211,3 @@ def train_generative(
         typer.echo(json.dumps(shown))
     typer.echo(f"epochs {result.epochs_done}; best epoch {result.best_epoch} "
                f"(val ndcg@10 {result.best_metric}); early stop: {result.stopped_early}")
-
-
-@table_options
-def eval_command(
-    model: Annotated[Path, typer.Option(help="Checkpoint folder (or a training output folder: "
-                                             "its best/ is used).")],
-    data: DataOpt = None, interactions: InterOpt = None, items: ItemsOpt = None,
-    table: TableOpt = None,
-    split: Annotated[str, typer.Option(help="test | val.")] = "test",
-    beam_width: Annotated[int, typer.Option(min=1)] = 20,
-    users: Annotated[int | None, typer.Option(min=1, help="Evaluate a fixed random sample of "
-                                                          "this many users.")] = None,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write metrics here.")] = None,
-    batch_size: Annotated[int, typer.Option(min=1, help="Requests per beam search.")] = 128,
-    seed: int = 0, device: DeviceOpt = "auto", threads: ThreadsOpt = None,
-    progress: bool = True,
-    teacher: Annotated[Path | None, typer.Option(help="Ranker models: also evaluate this "
-                                                      "DuoLM teacher, side by side.")] = None,
-    store: Annotated[Path | None, typer.Option(
-        help="Ranker models: item store of the student (default: encode the catalog).")] = None,
-    negatives: Annotated[int, typer.Option(min=0, help="Ranker models: sampled negatives per "
-                                                       "user (0: the full catalog).")] = 99,
-    mask_history: Annotated[bool, typer.Option(
-        help="Generative models: never recommend an item the user already has (the model and "
-             "popularity alike).")] = False,
-) -> None:
-    """Evaluate on the test split. A generative model: Recall/NDCG@5/10 by full-catalog
-    constrained beam search. A DuoLM student or teacher: NDCG/Recall@10 and MRR of the held-out
-    item among sampled negatives (student and ``--teacher`` side by side)."""
-    from genrec.engine import Engine
-    from genrec.evaluation.generative import evaluate_split, popularity_split
-    from genrec.training.user_vectors import fold_in, load_item_factors, load_saved_user_vectors
-    from genrec.utils.atomic import atomic_write_json
-
-    if split not in ("test", "val"):
-        raise typer.BadParameter(f"--split must be 'test' or 'val', got {split!r}")
-    folder = model / "best" if (model / "best" / "config.json").is_file() else model
-    if (folder / "duolm.json").is_file():
-        from genrec.commands.ranking_eval import eval_rankers
-
-        return eval_rankers(model, teacher, store, data, interactions, items, table, split, users,
-                            negatives, seed, device, threads, progress, json_path)
-    try:
-        ds = load_dataset(data, interactions, items, table)
-        engine = Engine.from_pretrained(folder, device=resolve_device(device, threads))
-        if engine.vocab is None:
-            raise ValueError(f"--model: {folder} has no Semantic-ID vocabulary")
-        check_index(engine.vocab.index, ds, "--model index")
-        vectors = None
-        if engine.model.config.user_dim:
-            factors = load_item_factors(folder)
-            if factors is not None:  # svd-causal: every item before the held-out one
-                cut = 1 if split == "test" else 2
-                vectors = fold_in(factors, [s[:-cut] if len(s) > cut else [] for s in
-                                            ds.sequences])
-            else:
-                vectors = load_saved_user_vectors(folder, ds.user_ids)
-            if vectors is None:
-                raise ValueError(f"--model: {folder} has a soft-token projector but no saved "
-                                 "user vectors")
-        metrics = evaluate_split(engine, ds.sequences, split, vectors, beam_width, users, seed,
-                                 batch_size, progress, mask_history)
-        pop = popularity_split(ds.sequences, ds.num_items, split, engine.vocab.max_history,
-                               users, seed, mask_history)  # the same users and masking
-    except INPUT_ERRORS as err:
-        raise fail(err) from None
-    metrics["wall_seconds"] = metrics.pop("seconds")
-    metrics["split"] = split
-    metrics["history_masked"] = mask_history
-    keys = ("recall@5", "ndcg@5", "recall@10", "ndcg@10")
-    typer.echo(f"{ds.name} {split}: {metrics['n_users']} users, beam {beam_width}, history "
-               f"{'masked' if mask_history else 'not masked'}, {metrics['wall_seconds']:.1f} s")
-    typer.echo(f"{'':<10}" + "  ".join(f"{k:>9}" for k in keys))
-    typer.echo(f"{'model':<10}" + "  ".join(f"{metrics[k]:>9.4f}" for k in keys))
-    typer.echo(f"{'popularity':<10}" + "  ".join(f"{pop[k]:>9.4f}" for k in keys))
-    typer.echo(f"{'model/pop':<10}" + "  ".join(
-        f"{metrics[k] / pop[k]:>8.1f}x" if pop[k] else f"{'-':>9}" for k in keys))
-    metrics["popularity"] = {k: pop[k] for k in keys}
-    if json_path is not None:
-        atomic_write_json(json_path, metrics)

@@ -24,6 +24,9 @@ def serve(
                                              "(with its Semantic-ID vocabulary).")],
     ranker: Annotated[Path | None, typer.Option(help="DuoLM ranker directory: enables "
                                                      "/v1/rank and rerank.")] = None,
+    ensemble: Annotated[list[Path] | None, typer.Option(
+        help="Another generative model over --model's index: /v1/recommend ranks by the "
+             "mean log-probability of all of them (repeat for more).")] = None,
     catalog: Annotated[Path | None, typer.Option(help="Item store of the ranker: enables "
                                                       "/v1/catalog/items.")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
@@ -107,7 +110,7 @@ def serve(
                          engine_process=engine_process, overlap=overlap, api_key=api_key,
                          admin_key=admin_key, catalog_state=state_dir)
     spec = AppSpec.of(model, ranker, catalog, tokenizer, device=device, dtype=dtype,
-                      threads=threads, config=config)
+                      threads=threads, config=config, ensemble=tuple(ensemble or ()))
     if ray:
         _serve_ray(spec, replicas, host, port)
         return

@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from genrec.engine import Engine
+from genrec.engine.ensemble import Ensemble
 from genrec.serving import schemas as S
 from genrec.serving.auth import ApiKeyMiddleware
 from genrec.serving.backends import CatalogUpdater, Ranker
@@ -142,13 +143,14 @@ def _error(status: int, detail: str, headers: dict[str, str] | None = None) -> J
 def create_app(
     engine: Engine, *, ranker: Ranker | None = None,
     catalog_updater: CatalogUpdater | None = None, tokenizer: Any = None,
-    config: ServeConfig | None = None,
+    config: ServeConfig | None = None, ensemble: Ensemble | None = None,
 ) -> FastAPI:
     """The server around ``engine`` (and optionally a ranker for ``/v1/rank`` and reranking,
-    a catalog updater for ``/v1/catalog/items``, a tokenizer for text in ``/v1/score``), its
-    batches run in this process: :func:`build_app` over a :class:`Worker` of them."""
+    a catalog updater for ``/v1/catalog/items``, a tokenizer for text in ``/v1/score``, an
+    ensemble whose first member is ``engine`` for ``/v1/recommend``), its batches run in this
+    process: :func:`build_app` over a :class:`Worker` of them."""
     config = config or ServeConfig()
-    worker = Worker(engine, ranker, catalog_updater, config.compact_threshold)
+    worker = Worker(engine, ranker, catalog_updater, config.compact_threshold, ensemble)
     return build_app(worker, tokenizer=tokenizer, config=config)
 
 

@@ -58,6 +58,9 @@ class AppSpec:
     dtype: str | None = None
     threads: int | None = None
     config: ServeConfig = field(default_factory=ServeConfig)
+    # further generative models over the model's index: /v1/recommend ranks with all of them
+    # (genrec.engine.ensemble)
+    ensemble: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, model: Path | str, ranker: Path | str | None = None,
@@ -68,15 +71,17 @@ class AppSpec:
         def absolute(p: Path | str | None) -> str | None:
             return None if p is None else str(Path(p).expanduser().absolute())
 
+        kwargs["ensemble"] = tuple(absolute(p) for p in kwargs.get("ensemble", ()))
         return cls(absolute(model), absolute(ranker), absolute(catalog), absolute(tokenizer),
                    **kwargs)
 
     def check(self) -> None:
         """Raise ValueError naming the option of a path that does not exist: a quick check
         before starting replicas, which would each fail to load."""
-        if not (Path(self.model) / "config.json").is_file():
-            raise ValueError(f"--model {self.model}: not a checkpoint directory (no "
-                             f"config.json)")
+        for name, path in [("model", self.model), *(("ensemble", p) for p in self.ensemble)]:
+            if not (Path(path) / "config.json").is_file():
+                raise ValueError(f"--{name} {path}: not a checkpoint directory (no "
+                                 f"config.json)")
         for name in ("ranker", "catalog", "tokenizer"):
             path = getattr(self, name)
             if path is not None and not Path(path).exists():
@@ -85,12 +90,14 @@ class AppSpec:
 
 @dataclass
 class Components:
-    """What a server runs: the engine and the optional ranker, catalog updater, tokenizer."""
+    """What a server runs: the engine and the optional ranker, catalog updater, tokenizer,
+    and the ensemble that recommends (the engine and further models) when there is one."""
 
     engine: Any
     ranker: Any = None
     updater: Any = None
     tokenizer: Any = None
+    ensemble: Any = None
 
 
 def load_components(spec: AppSpec) -> Components:
@@ -109,7 +116,17 @@ def load_components(spec: AppSpec) -> Components:
     if tokenizer_dir is None and vocab is not None and vocab.text_vocab:
         tokenizer_dir = spec.model  # a vocabulary-extended model keeps its LM's tokenizer
     tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir is not None else None
-    return Components(engine, ranker, updater, tokenizer)
+    ensemble = None
+    if spec.ensemble:
+        from genrec.engine.ensemble import Ensemble
+
+        members = [engine, *(Engine.from_pretrained(p, dtype=spec.dtype, device=dev)
+                             for p in spec.ensemble)]
+        try:
+            ensemble = Ensemble(members)
+        except ValueError as err:
+            raise ValueError(f"--ensemble: {err}") from None
+    return Components(engine, ranker, updater, tokenizer, ensemble)
 
 
 def build_worker(parts: Components, config: ServeConfig, writable: bool = True) -> Worker:
@@ -126,7 +143,7 @@ def build_worker(parts: Components, config: ServeConfig, writable: bool = True) 
             parts.engine, parts.updater, config.catalog_state,
             version=initial_version(parts.engine, parts.ranker),
             compact_threshold=config.compact_threshold, writable=writable, follow=True)
-    return Worker(parts.engine, parts.ranker, catalog, config.compact_threshold)
+    return Worker(parts.engine, parts.ranker, catalog, config.compact_threshold, parts.ensemble)
 
 
 def load_app(spec: AppSpec, device: str | None = None) -> FastAPI:

@@ -28,6 +28,7 @@ from genrec.engine import (
     ScoreParams,
     ScoreRequest,
 )
+from genrec.engine.ensemble import Ensemble
 from genrec.serving.backends import CatalogUpdater, Ranker, RankRequest
 from genrec.serving.catalog import CatalogChange, PreparedUpdate, ServiceCatalog
 from genrec.serving.catalog_follow import POLL_S, LogPoller
@@ -107,13 +108,18 @@ class Worker:
     :class:`~genrec.serving.catalog.ServiceCatalog` over the engine's generative catalog and
     the optional ``catalog_updater``; ``None`` when there is nothing to update).
 
-    ``compact_threshold``: see :class:`~genrec.serving.catalog.ServiceCatalog`.
+    ``compact_threshold``: see :class:`~genrec.serving.catalog.ServiceCatalog`. ``ensemble``:
+    recommend with it (its first member is ``engine``, whose catalog every member reads).
     """
 
     def __init__(self, engine: Engine, ranker: Ranker | None = None,
                  catalog_updater: CatalogUpdater | None = None,
-                 compact_threshold: int | None = None) -> None:
+                 compact_threshold: int | None = None,
+                 ensemble: Ensemble | None = None) -> None:
+        if ensemble is not None and ensemble.engines[0] is not engine:
+            raise ValueError("ensemble: its first member must be the served engine")
         self.engine, self.ranker = engine, ranker
+        self.recommender: Engine | Ensemble = ensemble if ensemble is not None else engine
         self.catalog: ServiceCatalog | None = None
         if isinstance(catalog_updater, ServiceCatalog):
             self.catalog = catalog_updater
@@ -204,7 +210,7 @@ class Worker:
             version, state = (self.catalog.snapshot() if self.catalog is not None
                               else (self.catalog_version, None))
             params = BeamParams(beam_width=message.beam_width, n=message.n)
-            work = self.engine.prepare_recommend(payloads, params, state)
+            work = self.recommender.prepare_recommend(payloads, params, state)
         elif isinstance(message, ScoreBatch):
             version = self.catalog_version
             params = ScoreParams(mode="labels", label_token_ids=list(message.label_token_ids),
@@ -231,7 +237,8 @@ class Worker:
     def _finish_work(self, prepared: PreparedBatch) -> list[Any]:
         version = prepared.version
         if isinstance(prepared.message, RecommendBatch):
-            return [Versioned(rec, version) for rec in self.engine.run_recommend(prepared.work)]
+            return [Versioned(rec, version)
+                    for rec in self.recommender.run_recommend(prepared.work)]
         scores = self.engine.run_score(prepared.work)
         out, start = [], 0
         for group in prepared.payloads:

@@ -1,0 +1,158 @@
+"""Recommending with several generative models over one Semantic-ID catalog (an ensemble).
+
+Models trained apart (other seeds, sizes or schedules) make different mistakes; the mean of
+their log-probabilities ranks items better than any one of them. :class:`Ensemble` does it
+with the engine's two primitives:
+
+1. every member runs its own constrained beam search (``beam_width`` beams, all of them
+   returned), with the request's filters, so every proposed item is live and allowed;
+2. the proposals are pooled per request, and every member scores every pooled item by
+   multi-item scoring (``loglik``: the summed log-probability of the item's Semantic IDs after
+   the user's prompt, the full-vocabulary score of the beam search), the prompt computed once;
+3. the pool is ranked by the members' mean score; the best ``n`` are returned.
+
+An item one member's beam missed is still scored exactly by that member, so an item's score
+does not depend on who proposed it, nor on the other requests of the batch. The members must
+share the catalog (the same item -> Semantic ID map); each keeps its own copy, so a live
+catalog update must reach every member (:meth:`Ensemble.check_catalogs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from genrec.engine.catalog_state import CatalogState
+from genrec.engine.engine import Engine
+from genrec.engine.params import (
+    BeamParams,
+    Recommendation,
+    RecommendRequest,
+    ScoreParams,
+    ScoreRequest,
+)
+from genrec.engine.retrieval import PreparedSearch
+from genrec.generative.vocab import SidVocab
+
+LOGLIK = ScoreParams(mode="loglik")
+
+
+@dataclass
+class PreparedEnsemble:
+    """A batch of recommend requests checked by :meth:`Ensemble.prepare_recommend`: the
+    requests, the asked parameters, the catalog state every member reads (None: each
+    member's own), and the first member's prepared search (of ``beam_width`` results)."""
+
+    requests: list[RecommendRequest]
+    params: BeamParams
+    catalog: CatalogState | None
+    first: PreparedSearch
+
+
+@dataclass
+class Ensemble:
+    """Generative engines recommending together (see the module docstring); the same
+    ``recommend`` as :meth:`Engine.recommend`."""
+
+    engines: Sequence[Engine]
+
+    def __post_init__(self) -> None:
+        self.engines = list(self.engines)
+        if not self.engines:
+            raise ValueError("engines: an ensemble needs at least one engine")
+        for k, engine in enumerate(self.engines):
+            if engine.catalog is None:
+                raise ValueError(f"engines[{k}]: not a generative model (no Semantic IDs)")
+            if engine.model.config.user_dim and len(self.engines) > 1:
+                raise ValueError(f"engines[{k}]: a model with a soft token cannot be "
+                                 "ensembled (each has its own user vectors; a request "
+                                 "carries one)")
+        self.check_catalogs()
+
+    @property
+    def vocab(self) -> SidVocab | None:
+        """The members' shared vocabulary (as :attr:`Engine.vocab`)."""
+        return self.engines[0].vocab
+
+    def check_catalogs(self) -> None:
+        """Raise ValueError unless every member maps every item to the same Semantic ID and
+        retires the same items."""
+        first = self.engines[0].catalog
+        items = torch.arange(first.num_items)
+        codes, retired = first.codes_of(items), sorted(first.retired())
+        for k, engine in enumerate(self.engines[1:], start=1):
+            other = engine.catalog
+            if other.num_items != first.num_items or not torch.equal(other.codes_of(items),
+                                                                     codes):
+                raise ValueError(f"engines[{k}]: its catalog's Semantic IDs differ from "
+                                 "engines[0]'s (ensemble members must share one index)")
+            if sorted(other.retired()) != retired:
+                raise ValueError(f"engines[{k}]: retires other items than engines[0]")
+
+    def recommend(self, requests: Sequence[RecommendRequest], params: BeamParams | None = None,
+                  catalog: CatalogState | None = None) -> list[Recommendation]:
+        """Top-n items per request: members' beam proposals pooled, ranked by the mean of
+        the members' log-probabilities (best first). ``catalog``: one catalog state searched
+        by every member (default: each member's installed one, which must agree)."""
+        return self.run_recommend(self.prepare_recommend(requests, params, catalog))
+
+    def prepare_recommend(self, requests: Sequence[RecommendRequest],
+                          params: BeamParams | None = None,
+                          catalog: CatalogState | None = None) -> PreparedEnsemble:
+        """The checks of :meth:`recommend` (``InputError`` naming the field, by the first
+        member, as :meth:`Engine.prepare_recommend`); :meth:`run_recommend` runs it."""
+        params = params or BeamParams()
+        params.validate()
+        wide = BeamParams(beam_width=params.beam_width, n=params.beam_width)
+        first = self.engines[0].prepare_recommend(requests, wide, catalog)
+        return PreparedEnsemble(list(requests), params, catalog, first)
+
+    def run_recommend(self, prepared: PreparedEnsemble) -> list[Recommendation]:
+        """The searches and the scoring of a :meth:`prepare_recommend` batch."""
+        requests, params, catalog = prepared.requests, prepared.params, prepared.catalog
+        wide = prepared.first.params
+        pools: list[dict[int, None]] = [{} for _ in requests]
+        for k, engine in enumerate(self.engines):
+            recs = (engine.run_recommend(prepared.first) if k == 0
+                    else engine.recommend(requests, wide, catalog))
+            for pool, rec in zip(pools, recs, strict=True):
+                pool.update(dict.fromkeys(rec.items))
+        items = [list(pool) for pool in pools]
+        total = [torch.zeros(len(row), dtype=torch.float64) for row in items]
+        for engine in self.engines:
+            for acc, scores in zip(total, self.member_scores(engine, requests, items, catalog),
+                                   strict=True):
+                acc += scores.double()
+        out = []
+        for row, acc in zip(items, total, strict=True):
+            mean = acc / len(self.engines)
+            # ties: the earlier proposal first (stable sort on the negated score)
+            order = torch.sort(-mean, stable=True).indices[: params.n].tolist()
+            out.append(Recommendation(items=[row[k] for k in order],
+                                      scores=[float(mean[k]) for k in order]))
+        return out
+
+    @staticmethod
+    def member_scores(engine: Engine, requests: Sequence[RecommendRequest],
+                      items: Sequence[Sequence[int]], catalog: CatalogState | None = None
+                      ) -> list[torch.Tensor]:
+        """One member's log-probability of each request's ``items`` [len(items[r])]: one
+        multi-item scoring request per user (the prompt computed once)."""
+        catalog = catalog if catalog is not None else engine.catalog
+        prompts = catalog.prompts([list(q.history) for q in requests],
+                                  [q.user_vector is not None for q in requests],
+                                  [q.text for q in requests])
+        scored = [r for r, row in enumerate(items) if row]
+        score_requests = [
+            ScoreRequest(prefix=prompts[r], candidates=catalog.item_tokens(items[r]).tolist(),
+                         user_vector=requests[r].user_vector)
+            for r in scored
+        ]
+        out = [torch.zeros(0) for _ in items]
+        if score_requests:
+            for r, scores in zip(scored, engine.score_requests(score_requests, LOGLIK),
+                                 strict=True):
+                out[r] = scores
+        return out

@@ -1,0 +1,54 @@
+"""``genrec eval`` of an ensemble of generative models (single models: see
+test_commands_generative.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from test_commands_generative import invoke, runner, write_dataset
+
+from genrec.cli import app
+
+TINY = ["--hidden", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--head-dim", "8",
+        "--batch-tokens", "200", "--max-history", "5", "--val-users", "10", "--beam-width",
+        "10", "--no-progress", "--device", "cpu", "--epochs", "1"]
+EVAL = ["--beam-width", "10", "--no-progress", "--device", "cpu"]
+KEYS = ("recall@5", "ndcg@5", "recall@10", "ndcg@10")
+
+
+def test_ensemble_eval(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "toy")
+    invoke("index", "--data", data, "--out", tmp_path / "index.json")
+    runs = [tmp_path / f"run{seed}" for seed in range(2)]
+    for seed, run in enumerate(runs):
+        invoke("train", "generative", "--data", data, "--index", tmp_path / "index.json",
+               "--out", run, "--seed", str(seed), *TINY)
+    invoke("eval", "--model", runs[0], "--data", data, "--json", tmp_path / "one.json", *EVAL)
+    # a model ensembled with itself ranks as the model alone
+    invoke("eval", "--model", runs[0], "--ensemble", runs[0], "--data", data, "--json",
+           tmp_path / "self.json", *EVAL)
+    out = invoke("eval", "--model", runs[0], "--ensemble", runs[1], "--data", data,
+                 "--json", tmp_path / "two.json", "--mask-history", *EVAL)
+    one, self_, two = (json.loads((tmp_path / f"{n}.json").read_text())
+                       for n in ("one", "self", "two"))
+    assert {k: one[k] for k in KEYS} == {k: self_[k] for k in KEYS}
+    assert two["models"] == [str(runs[0]), str(runs[1])] and two["history_masked"]
+    assert set(KEYS) <= set(two) and "ndcg@10" in out and two["n_users"] == one["n_users"]
+
+
+def test_ensemble_refuses_soft_tokens_and_other_indexes(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "toy")
+    invoke("index", "--data", data, "--out", tmp_path / "index.json")
+    plain, soft = tmp_path / "plain", tmp_path / "soft"
+    invoke("train", "generative", "--data", data, "--index", tmp_path / "index.json", "--out",
+           plain, *TINY)
+    invoke("train", "generative", "--data", data, "--index", tmp_path / "index.json", "--out",
+           soft, "--user-vectors", "svd", "--user-dim", "4", *TINY)
+    result = runner.invoke(app, ["eval", "--model", str(plain), "--ensemble", str(soft),
+                                 "--data", str(data), *EVAL])
+    assert result.exit_code == 1 and "--ensemble" in result.output
+    assert "soft token" in result.output
+    result = runner.invoke(app, ["eval", "--model", str(plain), "--ensemble",
+                                 str(tmp_path / "missing"), "--data", str(data), *EVAL])
+    assert result.exit_code == 1 and "missing" in result.output
