@@ -52,6 +52,9 @@ def test_teacher_student_store_eval(tmp_path: Path) -> None:
            "--json", tmp_path / "m2.json", "--no-progress", "--device", "cpu")
     again = json.loads((tmp_path / "m2.json").read_text())["student"]
     assert abs(again["ndcg@10"] - metrics["student"]["ndcg@10"]) < 1e-6
+    result = runner.invoke(app, ["eval", "--model", str(student), "--ensemble", str(student),
+                                 "--data", str(data), "--device", "cpu"])
+    assert result.exit_code != 0 and "generative models only" in result.output
 
 
 def test_duolm_errors_are_clear(tmp_path: Path) -> None:

@@ -68,10 +68,11 @@ def eval_command(
 
     if split not in ("test", "val"):
         raise typer.BadParameter(f"--split must be 'test' or 'val', got {split!r}")
-    if ensemble and teacher is not None:
-        raise typer.BadParameter("--ensemble: generative models only")
     folder = model / "best" if (model / "best" / "config.json").is_file() else model
     if (folder / "duolm.json").is_file():
+        if ensemble:
+            raise typer.BadParameter("--ensemble: generative models only (--model is a DuoLM "
+                                     "ranker)")
         from genrec.commands.ranking_eval import eval_rankers
 
         return eval_rankers(model, teacher, store, data, interactions, items, table, split, users,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from tqdm.auto import tqdm
@@ -23,15 +23,19 @@ from genrec.data.split import Example, leave_one_out, training_sequences
 from genrec.engine import BeamParams, Engine, RecommendRequest
 from genrec.evaluation.metrics import ranking_metrics, target_ranks
 
+if TYPE_CHECKING:
+    from genrec.engine.ensemble import Ensemble
+
 DEFAULT_BEAM_WIDTH = 20
 
 
 def evaluate_generative(
-    engine: Engine, examples: Sequence[Example], user_vectors: torch.Tensor | None = None,
+    engine: Engine | Ensemble, examples: Sequence[Example],
+    user_vectors: torch.Tensor | None = None,
     beam_width: int = DEFAULT_BEAM_WIDTH, ks: Sequence[int] = (5, 10), batch_size: int = 128,
     progress: bool = False, exclude: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, float]:
-    """Recall@k / NDCG@k (k in ``ks``) of ``engine`` on ``examples``.
+    """Recall@k / NDCG@k (k in ``ks``) of ``engine`` (or an ensemble) on ``examples``.
 
     ``user_vectors`` [num_users, user_dim] (indexed by ``Example.user``) feed the soft token.
     ``exclude[i]``: items never to recommend for ``examples[i]`` (e.g. :func:`full_histories`).
@@ -91,7 +95,8 @@ def split_examples(
 
 
 def evaluate_split(
-    engine: Engine, sequences: Sequence[Sequence[int]], split: Literal["val", "test"] = "test",
+    engine: Engine | Ensemble, sequences: Sequence[Sequence[int]],
+    split: Literal["val", "test"] = "test",
     user_vectors: torch.Tensor | None = None, beam_width: int = DEFAULT_BEAM_WIDTH,
     users: int | None = None, seed: int = 0, batch_size: int = 128, progress: bool = False,
     mask_history: bool = False,
