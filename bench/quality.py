@@ -104,7 +104,8 @@ def genrec_side(models: list[Path], ds: Any, args: argparse.Namespace) -> tuple[
     from genrec.commands.evaluate import load_generative
     from genrec.engine.ensemble import Ensemble
 
-    members = [load_generative(m, ds, "test", "cpu", "--model") for m in models]
+    members = [load_generative(m, ds, "test", "cpu", "--ensemble" if k else "--model")
+               for k, m in enumerate(models)]
     engine, vectors = members[0]
     if len(members) > 1:
         engine = Ensemble([e for e, _ in members])

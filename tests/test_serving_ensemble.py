@@ -84,3 +84,30 @@ def test_members_that_cannot_be_ensembled_are_refused(tmp_path: Path) -> None:
         load_app(AppSpec.of(plain, ensemble=(soft,), threads=1))
     with pytest.raises(ValueError, match=r"--ensemble .*missing"):
         AppSpec.of(plain, ensemble=(tmp_path / "missing",)).check()
+
+
+def test_preparing_a_batch_waits_for_every_members_graph_capture() -> None:
+    """A member capturing a CUDA graph holds its engine's capture lock; the worker's host step
+    (packing the next batch, with device copies) must wait for it, whichever member it is."""
+    import threading
+
+    from genrec.serving.messages import RecommendBatch
+    from genrec.serving.worker import Worker
+
+    members = [tiny_engine(seed=s, user_dim=0) for s in (1, 2)]
+    worker = Worker(members[0], ensemble=Ensemble(members))
+    done = threading.Event()
+
+    def prepare() -> None:
+        worker.prepare(RecommendBatch(6, 3), [RecommendRequest([3, 17])])
+        done.set()
+
+    lock = members[1].searches.capture_lock
+    with lock:  # as BeamRunner does while it captures
+        thread = threading.Thread(target=prepare)
+        thread.start()
+        assert not done.wait(0.3)  # held back by the second member's capture
+    thread.join(10)
+    assert done.is_set()
+    with pytest.raises(ValueError, match="first member"):
+        Worker(members[1], ensemble=Ensemble(members))

@@ -8,13 +8,16 @@ with the engine's two primitives:
    returned), with the request's filters, so every proposed item is live and allowed;
 2. the proposals are pooled per request, and every member scores every pooled item by
    multi-item scoring (``loglik``: the summed log-probability of the item's Semantic IDs after
-   the user's prompt, the full-vocabulary score of the beam search), the prompt computed once;
+   the user's prompt, the full-vocabulary score of the beam search; one scoring request per
+   user, so the prompt is computed once there, besides once in the member's search);
 3. the pool is ranked by the members' mean score; the best ``n`` are returned.
 
 An item one member's beam missed is still scored exactly by that member, so an item's score
 does not depend on who proposed it, nor on the other requests of the batch. The members must
-share the catalog (the same item -> Semantic ID map); each keeps its own copy, so a live
-catalog update must reach every member (:meth:`Ensemble.check_catalogs`).
+share the catalog (the same item -> Semantic ID map, checked at construction by
+:meth:`Ensemble.check_catalogs`). Given a ``catalog`` state, every member searches and scores
+against it (a server passes its served state, so live updates installed on the first member
+reach all); without one, each member reads its own installed catalog.
 """
 
 from __future__ import annotations

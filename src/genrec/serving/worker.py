@@ -120,6 +120,9 @@ class Worker:
             raise ValueError("ensemble: its first member must be the served engine")
         self.engine, self.ranker = engine, ranker
         self.recommender: Engine | Ensemble = ensemble if ensemble is not None else engine
+        # every engine whose graphs a batch may capture: preparing the next batch (device
+        # copies) waits while any of them captures
+        self._engines = list(ensemble.engines) if ensemble is not None else [engine]
         self.catalog: ServiceCatalog | None = None
         if isinstance(catalog_updater, ServiceCatalog):
             self.catalog = catalog_updater
@@ -202,7 +205,9 @@ class Worker:
         batches are prepared; others run whole in :meth:`finish`."""
         if type(message) not in self._handlers:
             raise TypeError(f"unknown message {message!r}")
-        with self.engine.searches.capture_lock:  # no device work while a graph is captured
+        with contextlib.ExitStack() as held:  # no device work while a graph is captured
+            for engine in self._engines:  # always in this order: no lock cycle
+                held.enter_context(engine.searches.capture_lock)
             return self._prepare(message, payloads)
 
     def _prepare(self, message: Message, payloads: list[Any]) -> PreparedBatch:
