@@ -103,7 +103,7 @@ def test_training_on_mixed_prompts(extended: tuple) -> None:
     tok = load_text_tokenizer(bundled_model_path())
     seqs = [[(u * 3 + j) % N_ITEMS for j in range(6)] for u in range(12)]
     texts = [encode_text(tok, f"user {u} likes optics") for u in range(12)]
-    ids, labels = window_tokens(vocab, seqs[0][:3], False, texts[0])
+    ids, labels, _ = window_tokens(vocab, seqs[0][:3], False, texts[0])
     head = [vocab.bos_id, *texts[0]]
     assert ids[: len(head)] == head  # bos, the text, then the Semantic IDs
     assert all(t == IGNORE for t in labels[: len(head) + vocab.num_levels - 1])

@@ -79,7 +79,7 @@ def test_prompts_keep_the_last_items_and_reject_unknown_ids() -> None:
 @pytest.mark.parametrize("soft", [False, True])
 def test_window_labels_are_the_sid_tokens_of_items_after_the_first(soft: bool) -> None:
     vocab = make_vocab()
-    ids, labels = window_tokens(vocab, [4, 17, 30], soft)
+    ids, labels, _ = window_tokens(vocab, [4, 17, 30], soft)
     head = [BOS_ID, SOFT_ID] if soft else [BOS_ID]
     sid = vocab.item_tokens([4, 17, 30]).tolist()
     assert ids == head + sid[0] + sid[1] + sid[2]

@@ -54,6 +54,9 @@ def eval_command(
     mask_history: Annotated[bool, typer.Option(
         help="Generative models: never recommend an item the user already has (the model and "
              "popularity alike).")] = False,
+    item_weight: Annotated[float, typer.Option(
+        min=0.0, help="Generative models with an item head: weight of its log-probability in "
+                      "the ranking of the beam's proposals (0: Semantic IDs alone).")] = 1.0,
     ensemble: Annotated[list[Path] | None, typer.Option(
         help="Generative models: another model over the same index, ranking with --model by "
              "the mean log-probability of each item (genrec.engine.ensemble); repeat the "
@@ -90,7 +93,7 @@ def eval_command(
             except ValueError as err:
                 raise ValueError(f"--ensemble: {err}") from None
         metrics = evaluate_split(engine, ds.sequences, split, vectors, beam_width, users, seed,
-                                 batch_size, progress, mask_history)
+                                 batch_size, progress, mask_history, item_weight)
         pop = popularity_split(ds.sequences, ds.num_items, split, engine.vocab.max_history,
                                users, seed, mask_history)  # the same users and masking
     except INPUT_ERRORS as err:
@@ -98,6 +101,7 @@ def eval_command(
     metrics["wall_seconds"] = metrics.pop("seconds")
     metrics["split"] = split
     metrics["history_masked"] = mask_history
+    metrics["item_weight"] = item_weight
     metrics["models"] = [str(m) for m in [model, *(ensemble or [])]]
     keys = ("recall@5", "ndcg@5", "recall@10", "ndcg@10")
     typer.echo(f"{ds.name} {split}: {metrics['n_users']} users, beam {beam_width}, history "

@@ -95,6 +95,9 @@ def train_generative(
     prompt_text: Annotated[str | None, typer.Option(
         help="--extend-vocab: text before every prompt's Semantic IDs (train, eval, serve).")
     ] = None,
+    item_head: Annotated[bool, typer.Option(
+        help="A dense item head beside the Semantic IDs (one embedding per item, trained "
+             "jointly by cross-entropy over all items; it ranks the beam's proposals).")] = False,
     epochs: RecipeInt = None,
     batch_tokens: Annotated[int, typer.Option(min=1, help="Tokens per step.")] = 4096,
     lr: float = 1e-3, weight_decay: float = 0.01, warmup_ratio: float = 0.05,
@@ -148,6 +151,8 @@ def train_generative(
         vocab = SidVocab(sem, max_history=max_history)
         if (extend_vocab and init_from is None) or (prompt_text and not extend_vocab):
             raise ValueError("--extend-vocab needs --init-from; --prompt-text needs --extend-vocab")
+        if item_head and init_from is not None:
+            raise ValueError("--item-head: models trained from scratch only (not --init-from)")
         train = training_sequences(ds.sequences)
         given = dict(zip(RECIPE_KEYS, (hidden, layers, heads, kv_heads, head_dim, dropout,
                                        epochs), strict=True))
@@ -179,7 +184,8 @@ def train_generative(
                 model = ext.adapt_pretrained(load_model(init_from), vocab.vocab_size, dim)
             else:
                 model = build_model(gen.scratch_config(
-                    vocab, hidden, layers, heads, kv_heads, head_dim, intermediate, dim))
+                    vocab, hidden, layers, heads, kv_heads, head_dim, intermediate, dim,
+                    item_head))
                 gen.init_weights(model)
         model.set_dropout(dropout)
         val = split_examples(ds.sequences, "val", max_history, val_users, seed) \

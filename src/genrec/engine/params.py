@@ -84,10 +84,13 @@ MAX_BEAM_WIDTH = 1024
 
 @dataclass
 class BeamParams:
-    """Constrained beam search: ``beam_width`` beams (<= 1024), the best ``n`` items returned."""
+    """Constrained beam search: ``beam_width`` beams (<= 1024), the best ``n`` items returned.
+    ``item_weight``: for a model with an item head, the beam's proposals are ranked by
+    ``log p(Semantic IDs) + item_weight * log p_head(item)`` (0: the Semantic IDs alone)."""
 
     beam_width: int = 20
     n: int = 10
+    item_weight: float = 1.0
 
     def validate(self) -> None:
         for name in ("beam_width", "n"):
@@ -98,6 +101,9 @@ class BeamParams:
             raise ValueError(f"beam_width {self.beam_width} is over the limit of {MAX_BEAM_WIDTH}")
         if self.n > self.beam_width:
             raise ValueError(f"n ({self.n}) must not exceed beam_width ({self.beam_width})")
+        if isinstance(self.item_weight, bool) or not isinstance(self.item_weight, (int, float)) \
+                or not 0.0 <= self.item_weight < float("inf"):
+            raise ValueError(f"item_weight must be a finite number >= 0, got {self.item_weight!r}")
 
 
 @dataclass

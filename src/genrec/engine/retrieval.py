@@ -16,6 +16,7 @@ from genrec.catalog.filters import PartFilter
 from genrec.engine.batch import PackedBatch
 from genrec.engine.inputs import InputError
 from genrec.engine.params import BeamParams, Recommendation, RecommendRequest
+from genrec.model.item_head import combine, prompt_hidden
 
 if TYPE_CHECKING:
     from genrec.engine.catalog_state import CatalogState
@@ -72,17 +73,26 @@ def prepare_search(
 
 
 def run_search(engine: Engine, prepared: PreparedSearch) -> list[Recommendation]:
-    """One beam search for a prepared batch; the top-n items of each request."""
+    """One beam search for a prepared batch; the top-n items of each request (a model with an
+    item head ranks the beam's proposals with it: :mod:`genrec.model.item_head`)."""
     batch, catalog, params = prepared.batch, prepared.catalog, prepared.params
     device = engine.model.device
     result = engine.searches.search(
         catalog.parts(), prepared.filters, catalog.level_offsets, engine.embed(batch),
         batch.layout.prefix_len.tolist(), batch.prefix_last.to(device), params.beam_width,
     )
+    items, scores = result.items, result.scores
+    head = engine.model.item_head
+    if head is not None and params.item_weight:
+        hidden = prompt_hidden(engine.model, engine.embed(batch), batch.prefix_lens,
+                               batch.prefix_last.to(device))
+        ranked = combine(scores, head.log_probs(hidden, items), items >= 0, params.item_weight)
+        order = ranked.argsort(dim=1, descending=True, stable=True)
+        items, scores = items.gather(1, order), ranked.gather(1, order)
     # the one copy back: non-blocking into pinned memory on a GPU, then one wait
     pinned = device.type == "cuda"
-    items = result.items[:, : params.n].to("cpu", non_blocking=pinned)
-    scores = result.scores[:, : params.n].to("cpu", non_blocking=pinned)
+    items = items[:, : params.n].to("cpu", non_blocking=pinned)
+    scores = scores[:, : params.n].to("cpu", non_blocking=pinned)
     if pinned:
         torch.cuda.current_stream(device).synchronize()
     out = []

@@ -59,7 +59,7 @@ _ARCH_BY_MODEL_TYPE = {layout.model_type: arch for arch, layout in _LAYOUTS.item
 
 
 # genrec's own config keys, under "genrec" in config.json
-_GENREC_KEYS = ("user_dim", "score_head", "sid_normalize")
+_GENREC_KEYS = ("user_dim", "score_head", "sid_normalize", "item_head")
 
 
 @dataclass
@@ -77,6 +77,9 @@ class ModelConfig:
     ``sid_normalize``: how a Semantic-ID level's log-probabilities are normalised in training
     and beam search: ``"full"`` (softmax over the whole vocabulary) or ``"level"`` (softmax over
     that level's codes only: a text vocabulary's rows are never computed).
+    ``item_head`` > 0 adds a dense item head over that many catalog items (one embedding per
+    item, scored against the hidden state that predicts an item's first Semantic ID; see
+    :mod:`genrec.model.item_head`).
     """
 
     architecture: str = "Qwen3ForCausalLM"
@@ -99,6 +102,7 @@ class ModelConfig:
     user_dim: int = 0
     score_head: bool = False
     sid_normalize: str = "full"
+    item_head: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -121,6 +125,8 @@ class ModelConfig:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
         if self.user_dim < 0:
             raise ValueError(f"user_dim must be >= 0, got {self.user_dim}")
+        if not isinstance(self.item_head, int) or self.item_head < 0:
+            raise ValueError(f"item_head must be an integer >= 0, got {self.item_head!r}")
         if self.sid_normalize not in ("full", "level"):
             raise ValueError(f"sid_normalize must be 'full' or 'level', got {self.sid_normalize!r}")
         if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
@@ -219,6 +225,8 @@ class ModelConfig:
             out["genrec"] = {"user_dim": self.user_dim, "score_head": self.score_head}
         if self.sid_normalize != "full":
             out.setdefault("genrec", {})["sid_normalize"] = self.sid_normalize
+        if self.item_head:
+            out.setdefault("genrec", {})["item_head"] = self.item_head
         return out
 
 

@@ -10,6 +10,7 @@ from genrec.model import lm_head
 from genrec.model.attention import QueryTransform, fuses_queries, prefix_branch_attention
 from genrec.model.beam_step import BeamStepLayout
 from genrec.model.config import ModelConfig
+from genrec.model.item_head import ItemHead
 from genrec.model.kv_cache import KVCache
 from genrec.model.layers import (
     RMSNorm,
@@ -203,6 +204,7 @@ class DecoderLM(nn.Module):
             SoftTokenProjector(cfg.user_dim, cfg.hidden_size) if cfg.user_dim else None
         )
         self.score_head = nn.Linear(cfg.hidden_size, 1) if cfg.score_head else None
+        self.item_head = ItemHead(cfg.item_head, cfg.hidden_size) if cfg.item_head else None
         # Training-time regularisation, not part of the checkpoint: applied to the input
         # embeddings and each residual branch while ``self.training`` (see ``set_dropout``).
         self.dropout = 0.0

@@ -27,6 +27,7 @@ from genrec.engine.inputs import PackedInputs, build_input_embeds
 from genrec.generative.vocab import SOFT_ID, SidVocab
 from genrec.model.config import ModelConfig
 from genrec.model.decoder import DecoderLM
+from genrec.model.item_head import item_loss
 from genrec.model.layout import build_layout
 from genrec.training.extend_vocab import level_loss
 
@@ -47,14 +48,18 @@ def make_windows(items: Sequence[int], max_history: int) -> list[list[int]]:
 
 
 def window_tokens(vocab: SidVocab, items: Sequence[int], soft_token: bool,
-                  text: Sequence[int] | None = None) -> tuple[list, list]:
-    """Token ids of a window's prompt (``text``: see :meth:`SidVocab.prompt`) and its labels
-    (next-token targets, -100 = no loss)."""
+                  text: Sequence[int] | None = None) -> tuple[list, list, list]:
+    """Token ids of a window's prompt (``text``: see :meth:`SidVocab.prompt`), its labels
+    (next-token targets, -100 = no loss) and its item labels (the next item at each row that
+    predicts an item's first Semantic ID, for the item head; -100 elsewhere)."""
     ids = vocab.prompt(items, soft_token=soft_token, truncate=False, text=text)
     first_target = len(vocab.head(soft_token, text)) + vocab.num_levels  # first token of item 2
     labels = [IGNORE] * len(ids)
     labels[first_target - 1 : -1] = ids[first_target:]
-    return ids, labels
+    item_labels = [IGNORE] * len(ids)
+    for j, item in enumerate(items[1:]):  # the row before item j+2's first Semantic ID
+        item_labels[first_target - 1 + j * vocab.num_levels] = int(item)
+    return ids, labels, item_labels
 
 
 @dataclass
@@ -68,6 +73,7 @@ class TrainBatch:
     soft_rows: torch.Tensor
     user_vectors: torch.Tensor | None
     soft_id: int = SOFT_ID
+    item_labels: torch.Tensor | None = None  # [T], for a model with an item head
 
     @property
     def num_tokens(self) -> int:
@@ -83,14 +89,16 @@ class TrainBatch:
         soft = torch.nonzero(ids == self.soft_id)[:, 0] if self.soft_rows.numel() else \
             self.soft_rows
         vectors = None if self.user_vectors is None else self.user_vectors[list(keep)]
+        items = None if self.item_labels is None else self.item_labels[rows]
         return TrainBatch(ids, self.labels[rows], [self.lengths[w] for w in keep], soft, vectors,
-                          self.soft_id)
+                          self.soft_id, items)
 
 
 def batch_loss(model: DecoderLM, batch: TrainBatch, vocab: SidVocab | None = None
                ) -> torch.Tensor:
     """Mean cross-entropy over the batch's targets, normalised as the engine scores: over the
-    full vocabulary, or over each target's level (``sid_normalize="level"``; needs ``vocab``)."""
+    full vocabulary, or over each target's level (``sid_normalize="level"``; needs ``vocab``);
+    with an item head, plus its mean cross-entropy over all items at the batch's item labels."""
     device = model.device
     inputs = PackedInputs(
         token_ids=batch.token_ids, raw_rows=torch.zeros(0, dtype=torch.long), raw_embeds=None,
@@ -105,8 +113,16 @@ def batch_loss(model: DecoderLM, batch: TrainBatch, vocab: SidVocab | None = Non
     if model.config.sid_normalize == "level":
         if vocab is None:
             raise ValueError("vocab: a level-normalised model's loss needs its SidVocab")
-        return level_loss(model, hidden[rows], labels[rows], vocab)
-    return F.cross_entropy(model.logits(hidden[rows]), labels[rows])
+        loss = level_loss(model, hidden[rows], labels[rows], vocab)
+    else:
+        loss = F.cross_entropy(model.logits(hidden[rows]), labels[rows])
+    if model.item_head is not None:
+        if batch.item_labels is None:
+            raise ValueError("batch.item_labels: a model with an item head needs them")
+        items = batch.item_labels.to(device)
+        at = items != IGNORE
+        loss = loss + item_loss(model.item_head, hidden[at], items[at])
+    return loss
 
 
 def token_batches(
@@ -177,6 +193,7 @@ class GenerativeTask:
         self.users: list[int] = []
         self.ids: list[torch.Tensor] = []
         self.labels: list[torch.Tensor] = []
+        self.item_labels: list[torch.Tensor] = []
         seen: list[list[int]] = []  # per window: the user's items up to its first item
         for user, seq in enumerate(train_sequences):
             vocab.check_items(list(seq), f"train_sequences[{user}]")
@@ -185,10 +202,11 @@ class GenerativeTask:
                 vocab.check_text(text, f"texts[{user}]")
             start = 0  # windows tile the sequence from its start, overlapping by one item
             for window in make_windows(seq, vocab.max_history):
-                ids, labels = window_tokens(vocab, window, soft, text)
+                ids, labels, item_labels = window_tokens(vocab, window, soft, text)
                 self.users.append(user)
                 self.ids.append(torch.tensor(ids))
                 self.labels.append(torch.tensor(labels))
+                self.item_labels.append(torch.tensor(item_labels))
                 seen.append(list(seq[: start + 1]))
                 start += len(window) - 1
         if not self.ids:
@@ -227,7 +245,7 @@ class GenerativeTask:
                 vectors = self.user_vectors[torch.tensor([self.users[i] for i in idx])]
             yield TrainBatch(ids, torch.cat([self.labels[i] for i in idx]),
                              [self.lengths[i] for i in idx], soft_rows, vectors,
-                             self.vocab.soft_id)
+                             self.vocab.soft_id, torch.cat([self.item_labels[i] for i in idx]))
 
     def loss(self, model: DecoderLM, batch: TrainBatch) -> tuple[torch.Tensor, int]:
         """(mean loss, tokens processed)."""
@@ -278,9 +296,11 @@ class GenerativeTask:
 def scratch_config(
     vocab: SidVocab, hidden: int = 128, layers: int = 4, heads: int = 4, kv_heads: int = 2,
     head_dim: int = 32, intermediate: int | None = None, user_dim: int = 0,
+    item_head: bool = False,
 ) -> ModelConfig:
     """A Qwen3-architecture config over exactly the SID vocabulary, with tied embeddings and
-    enough positions for a full prompt plus one generated item."""
+    enough positions for a full prompt plus one generated item (``item_head``: a dense item
+    head over the index's items)."""
     longest = 2 + (vocab.max_history + 1) * vocab.num_levels
     return ModelConfig(
         architecture="Qwen3ForCausalLM", vocab_size=vocab.vocab_size, hidden_size=hidden,
@@ -288,6 +308,7 @@ def scratch_config(
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
         max_position_embeddings=-(-longest // 64) * 64, rope_theta=10000.0,
         tie_word_embeddings=True, user_dim=user_dim,
+        item_head=vocab.index.num_items if item_head else 0,
     )
 
 

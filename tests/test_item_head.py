@@ -1,0 +1,168 @@
+"""The dense item head: its training targets and loss, checkpoints, and the ranking of the
+beam's proposals (exact against an independent computation)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from genrec import BeamParams, Engine, EngineConfig, RecommendRequest
+from genrec.catalog.semantic_ids import SemanticIndex
+from genrec.engine.retrieval import exhaustive_top
+from genrec.generative.vocab import SOFT_ID, SidVocab
+from genrec.model import load_model, save_model
+from genrec.model.item_head import ItemHead, combine
+from genrec.model.registry import build_model
+from genrec.training.generative import (
+    IGNORE,
+    GenerativeTask,
+    batch_loss,
+    scratch_config,
+    window_tokens,
+)
+
+SIZES, N_ITEMS = [4, 5, 3], 40
+
+
+def _vocab() -> SidVocab:
+    g = torch.Generator().manual_seed(0)
+    codes = torch.cartesian_prod(*[torch.arange(k) for k in SIZES])
+    return SidVocab(SemanticIndex(codes[torch.randperm(codes.shape[0], generator=g)[:N_ITEMS]],
+                                  SIZES), max_history=6)
+
+
+def _engine(seed: int = 0) -> Engine:
+    torch.manual_seed(seed)
+    vocab = _vocab()
+    cfg = scratch_config(vocab, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8,
+                         item_head=True)
+    model = build_model(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40)
+        model.item_head.weight.mul_(100)
+    return Engine(model, config=EngineConfig(soft_token_id=SOFT_ID), vocab=vocab)
+
+
+def test_item_labels_mark_the_row_before_each_next_item() -> None:
+    vocab = _vocab()
+    ids, labels, items = window_tokens(vocab, [4, 17, 30], False)
+    levels = vocab.num_levels
+    rows = [r for r, item in enumerate(items) if item != IGNORE]
+    assert [items[r] for r in rows] == [17, 30]
+    # each such row's token label is the next item's first Semantic ID
+    for r, item in zip(rows, [17, 30], strict=True):
+        assert labels[r] == vocab.item_tokens([item])[0, 0].item()
+    assert rows[1] - rows[0] == levels and len(ids) == len(items)
+
+
+def test_loss_adds_item_cross_entropy_and_trains_the_head() -> None:
+    vocab = _vocab()
+    cfg = scratch_config(vocab, hidden=32, layers=1, heads=4, kv_heads=2, head_dim=8)
+    torch.manual_seed(0)
+    plain = build_model(cfg)
+    headed = build_model(dataclasses.replace(cfg, item_head=N_ITEMS))
+    headed.load_state_dict(plain.state_dict(), strict=False)
+    task = GenerativeTask(vocab, [[1, 2, 3, 4], [5, 6, 7]], batch_tokens=10_000)
+    batch = next(task.batches(0))
+    base = batch_loss(plain, batch)
+    total = batch_loss(headed, batch)
+    hidden_rows = batch.item_labels != IGNORE
+    assert int(hidden_rows.sum()) == 5  # 3 + 2 next items
+    # the difference is exactly the item head's cross-entropy at those rows
+    from genrec.engine.inputs import PackedInputs, build_input_embeds
+    from genrec.model.layout import build_layout
+
+    inputs = PackedInputs(token_ids=batch.token_ids, raw_rows=torch.zeros(0, dtype=torch.long),
+                          raw_embeds=None, soft_rows=batch.soft_rows, user_vectors=None)
+    layout = build_layout(batch.lengths, [], [])
+    hidden = headed(build_input_embeds(headed.model.embed_tokens, inputs, None, None),
+                    layout.positions, layout)
+    expect = F.cross_entropy(hidden[hidden_rows] @ headed.item_head.weight.T,
+                             batch.item_labels[hidden_rows])
+    assert (total - base).item() == pytest.approx(expect.item(), rel=1e-5)
+    total.backward()
+    assert headed.item_head.weight.grad is not None and headed.item_head.weight.grad.abs().sum() > 0
+    # a shard keeps its windows' item labels
+    part = batch.windows([1])
+    assert part.item_labels.tolist() == batch.item_labels.tolist()[-len(part.token_ids):]
+
+
+def test_checkpoint_keeps_the_head(tmp_path) -> None:
+    engine = _engine()
+    save_model(engine.model, tmp_path)
+    back = load_model(tmp_path)
+    assert back.config.item_head == N_ITEMS
+    assert torch.equal(back.item_head.weight, engine.model.item_head.weight)
+
+
+def _head_logp(engine: Engine, history: list[int]) -> torch.Tensor:
+    """log p_head(item) over all items, from an independent full forward of the prompt."""
+    from genrec.engine.inputs import PackedInputs, build_input_embeds
+    from genrec.model.layout import build_layout
+
+    model = engine.model
+    prompt = engine.vocab.prompt(history)
+    inputs = PackedInputs(token_ids=torch.tensor(prompt), raw_rows=torch.zeros(0, dtype=torch.long),
+                          raw_embeds=None, soft_rows=torch.zeros(0, dtype=torch.long),
+                          user_vectors=None)
+    layout = build_layout([len(prompt)], [], [])
+    with torch.no_grad():
+        hidden = model(build_input_embeds(model.model.embed_tokens, inputs, None, None),
+                       layout.positions, layout)
+    return torch.log_softmax(hidden[-1:] @ model.item_head.weight.T, dim=-1)[0]
+
+
+@pytest.mark.parametrize("weight", [0.0, 1.0, 3.0])
+def test_proposals_ranked_by_sid_plus_weighted_head(weight: float) -> None:
+    engine = _engine()
+    requests = [RecommendRequest(history=[3, 17, 8]),
+                RecommendRequest(history=[5, 6, 7], exclude=[0, 1, 2]),
+                RecommendRequest(history=[20], allow=[4, 9, 30, 31, 33])]
+    recs = engine.recommend(requests, BeamParams(beam_width=N_ITEMS, n=5, item_weight=weight))
+    for request, rec in zip(requests, recs, strict=True):
+        items, sid = exhaustive_top(engine, request, N_ITEMS)  # every allowed item
+        head = _head_logp(engine, list(request.history))[items]
+        ref = sid + weight * head
+        order = ref.argsort(descending=True)[: len(rec.items)]
+        assert rec.items == items[order].tolist()
+        assert torch.allclose(torch.tensor(rec.scores), ref[order].float(), atol=1e-4)
+        if request.exclude:
+            assert not set(rec.items) & set(request.exclude)
+        if request.allow:
+            assert set(rec.items) <= set(request.allow)
+
+
+def test_batched_equals_alone() -> None:
+    engine = _engine(1)
+    requests = [RecommendRequest(history=[3, 17, 8]), RecommendRequest(history=[9] * 6)]
+    params = BeamParams(beam_width=8, n=5)
+    together = engine.recommend(requests, params)
+    for request, rec in zip(requests, together, strict=True):
+        [alone] = engine.recommend([request], params)
+        assert alone.items == rec.items
+        assert alone.scores == pytest.approx(rec.scores, abs=1e-5)
+
+
+def test_item_head_log_probs_and_new_items() -> None:
+    head = ItemHead(6, 4)
+    hidden = torch.randn(2, 4)
+    items = torch.tensor([[0, 5, 6, -1], [2, 2, 3, 7]])
+    logp = head.log_probs(hidden, items)
+    full = torch.log_softmax(hidden @ head.weight.detach().T, -1)
+    assert torch.allclose(logp[0, :2], full[0, [0, 5]])
+    assert torch.isinf(logp[0, 2:]).all() and torch.isinf(logp[1, 3])
+    # an item without a head row competes with the lowest head score of its request
+    sid = torch.zeros(2, 4)
+    valid = items >= 0
+    out = combine(sid, logp, valid, 1.0)
+    assert out[0, 2] == logp[0, :2].min() and out[0, 3] == float("-inf")
+    assert out[1, 3] == logp[1, :3].min()
+
+
+def test_bad_item_weight_is_refused() -> None:
+    for bad in (-1.0, float("inf"), True, "1"):
+        with pytest.raises(ValueError, match="item_weight"):
+            BeamParams(item_weight=bad).validate()
