@@ -121,3 +121,93 @@ def test_beam_scores_equal_float64(checkpoint, attention_path: str) -> None:
             got.append(torch.tensor(score))
     assert len(got) == 16
     assert relative_error(torch.stack(got), torch.stack(want)) < TOLERANCE
+
+
+# --- checkpoints stored in bf16, as published ones are, scored in fp32 --------------------------
+
+STORED_BF16 = ["Qwen3-0.6B", "Llama-3.2-1B", "Qwen2.5-0.5B"]
+
+
+@pytest.fixture(scope="module", params=STORED_BF16)
+def bf16_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """(path, float64 transformers model): a published layout (3 layers, MLP 160, every norm
+    weight U(0.5, 1.5), biases where the layout has them), saved by ``save_pretrained`` after
+    ``.to(torch.bfloat16)`` (bf16 tensors, ``dtype: bfloat16``), the reference read back from
+    those files in float64."""
+    import json
+
+    from hf_layouts import hf_model, published, randomise
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = tmp_path_factory.mktemp(f"bf16-{request.param}")
+    config = published(request.param) | {"intermediate_size": 160, "num_hidden_layers": 3}
+    (path / "config.json").write_text(json.dumps(config))
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path),
+                                             dtype=torch.float32)
+    randomise(model, seed=STORED_BF16.index(request.param))
+    model.to(torch.bfloat16).eval().save_pretrained(path)
+    stored = json.loads((path / "config.json").read_text())
+    assert (stored.get("dtype") or stored.get("torch_dtype")) == "bfloat16"
+    return path, hf_model(path, torch.float64)
+
+
+@pytest.fixture(params=["detected", "avx2"])
+def cpu_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The CPU as genrec detects it, or genrec's detection overridden to an AVX2-only CPU (no
+    AVX-512, no bf16 instructions: the choices genrec makes on such a CPU; the native kernel's
+    AVX2 build is CI's capped run)."""
+    if request.param == "avx2":
+        from dataclasses import replace
+
+        from genrec.utils import cpu
+
+        avx2 = replace(cpu.detect_cpu(), avx512=False, avx512_bf16=False, amx_bf16=False,
+                       onednn_bf16=False)
+        monkeypatch.setattr(cpu, "cpu_features", lambda: avx2)
+        assert not cpu.bf16_products_native()
+    return request.param
+
+
+@pytest.mark.parametrize("mode", ["labels", "loglik"])
+def test_bf16_stored_checkpoint_scores_in_fp32(bf16_checkpoint, cpu_kind: str,
+                                               mode: str) -> None:
+    path, ref = bf16_checkpoint
+    engine = Engine.from_pretrained(path, dtype=torch.float32)
+    assert engine.model.dtype == torch.float32
+    params = ScoreParams(mode=mode, label_token_ids=LABELS if mode == "labels" else None)
+    g = torch.Generator().manual_seed(11)
+    prefix = torch.randint(0, VOCAB, (37,), generator=g).tolist()
+    cands = [torch.randint(0, VOCAB, (int(n),), generator=g).tolist()
+             for n in torch.randint(1, 10, (40,), generator=g)]
+    scores = engine.score(prefix, cands, params)
+    got, want = [], []
+    for cand, score in zip(cands, scores, strict=True):
+        logp = _reference_logprobs(ref, prefix + cand)
+        if mode == "labels":
+            want.append(logp[-1, LABELS])
+        else:
+            want.append(logp[len(prefix) - 1 : -1].gather(1, torch.tensor(cand)[:, None])
+                        .sum()[None])
+        got.append(torch.as_tensor(score).reshape(-1))
+    assert relative_error(torch.cat(got), torch.cat(want)) < TOLERANCE
+
+
+def test_bf16_stored_checkpoint_beam_scores_in_fp32(bf16_checkpoint, cpu_kind: str) -> None:
+    path, ref = bf16_checkpoint
+    g = torch.Generator().manual_seed(5)
+    codes = torch.cartesian_prod(*[torch.arange(k) for k in SIZES])
+    index = SemanticIndex(codes[torch.randperm(codes.shape[0], generator=g)[:60]], SIZES)
+    vocab = SidVocab(index, max_history=8)
+    engine = Engine(load_model(path, dtype=torch.float32),
+                    config=EngineConfig(soft_token_id=SOFT_ID), vocab=vocab)
+    requests = [RecommendRequest(history=[3, 17, 8, 40]), RecommendRequest(history=[59, 2])]
+    got, want = [], []
+    for request, rec in zip(requests, engine.recommend(requests, BeamParams(16, 8)), strict=True):
+        prompt = vocab.prompt(request.history)
+        for item, score in zip(rec.items, rec.scores, strict=True):
+            tokens = vocab.item_tokens([item])[0].tolist()
+            logp = _reference_logprobs(ref, prompt + tokens)
+            want.append(logp[len(prompt) - 1 : -1].gather(1, torch.tensor(tokens)[:, None]).sum())
+            got.append(torch.tensor(score))
+    assert len(got) == 16
+    assert relative_error(torch.stack(got), torch.stack(want)) < TOLERANCE
