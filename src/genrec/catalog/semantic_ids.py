@@ -193,6 +193,19 @@ def duplicate_groups(codes: torch.Tensor) -> list[list[int]]:
     return sorted(groups.values(), key=lambda g: (-len(g), g[0]))
 
 
+def prefix_stats(codes: torch.Tensor) -> list[dict[str, float]]:
+    """Per prefix length l = 1..levels of ``codes`` [n, levels]: the distinct prefixes, the
+    largest group of items sharing one, and the share of items whose prefix is theirs alone."""
+    out = []
+    for level in range(1, codes.shape[1] + 1):
+        _, inverse, counts = torch.unique(codes[:, :level], dim=0, return_inverse=True,
+                                          return_counts=True)
+        out.append({"level": level, "distinct": int(counts.numel()),
+                    "largest_group": int(counts.max()),
+                    "unique_share": float((counts[inverse] == 1).float().mean())})
+    return out
+
+
 def mixed_radix_key(codes: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
     """Mixed-radix integer key of each code tuple, in lexicographic order of the tuples
     (int64; the product of ``sizes`` must fit): [..., levels] -> [...]."""
@@ -251,18 +264,22 @@ def build_semantic_index(
     init: Literal["kmeans++", "random"] = "kmeans++",
     dedup: bool = True,
     item_ids: list[str] | None = None,
+    balanced: bool = False,
 ) -> SemanticIndex:
     """Residual k-means Semantic IDs over item embeddings [num_items, dim].
 
     ``levels`` k-means levels (codebook size per level: an int or one per level), then, with
     ``dedup``, a last level counting items that share the same prefix so every ID is unique
-    (without it, colliding IDs raise a ValueError). Runs on the device of ``embeddings``.
+    (without it, colliding IDs raise a ValueError). ``balanced``: each level's codes used
+    about equally (capacity-constrained k-means). Runs on the device of ``embeddings``.
     """
     sizes = _per_level(codebook_size, levels)
-    codes = residual_kmeans(embeddings, sizes, iters=iters, seed=seed, init=init).codes
+    codes = residual_kmeans(embeddings, sizes, iters=iters, seed=seed, init=init,
+                            balanced=balanced).codes
     index = with_dedup_level(codes, sizes) if dedup else SemanticIndex(codes, sizes)
     index.item_ids = item_ids
-    index.meta = {"method": "residual_kmeans", "iters": iters, "seed": seed, "init": init}
+    index.meta = {"method": "residual_kmeans", "iters": iters, "seed": seed, "init": init,
+                  "balanced": balanced}
     index.validate()
     return index
 

@@ -40,6 +40,8 @@ def index_command(
         min=2, help="Codes per level (default: from the catalog size, about 16 IDs per "
                     "item: 64 for 2k-12k items at 3 levels, 256 for 1M).")] = None,
     iters: Annotated[int, typer.Option(min=1, help="k-means iterations.")] = 50,
+    balanced: Annotated[bool, typer.Option(help="Balanced k-means: each level's codes used "
+                                                "about equally (capacity n / codes).")] = False,
     encoder: Annotated[Path | None, typer.Option(help="Local sentence-encoder folder "
                                                       "(default: bundled MiniLM).")] = None,
     seed: int = 0, device: DeviceOpt = "auto",
@@ -53,7 +55,7 @@ def index_command(
         load_sid_index,
     )
     from genrec.catalog.codebooks import default_codebook_size
-    from genrec.catalog.semantic_ids import duplicate_groups
+    from genrec.catalog.semantic_ids import duplicate_groups, prefix_stats
 
     try:
         ds = load_dataset(data, interactions, items, table)
@@ -75,7 +77,8 @@ def index_command(
                 raise ValueError(f"embeddings: {emb.shape[0]} rows, dataset has {ds.num_items}")
             codebook_size = codebook_size or default_codebook_size(ds.num_items, levels)
             index = build_semantic_index(emb.to(resolve_device(device)), levels, codebook_size,
-                                         iters=iters, seed=seed, item_ids=list(ds.item_ids))
+                                         iters=iters, seed=seed, item_ids=list(ds.item_ids),
+                                         balanced=balanced)
             index = index.to("cpu")
         index.save(out)
     except INPUT_ERRORS as err:
@@ -83,5 +86,8 @@ def index_command(
     groups = duplicate_groups(index.codes[:, :-1])
     typer.echo(f"items {index.num_items}  levels {index.num_levels}  codebook sizes "
                f"{index.codebook_sizes}")
+    for row in prefix_stats(index.codes):
+        typer.echo(f"  prefix of {row['level']} levels: {row['distinct']} distinct, largest "
+                   f"group {row['largest_group']}, {row['unique_share']:.1%} of items alone")
     typer.echo(f"collisions resolved: {sum(len(g) for g in groups)} items in {len(groups)} "
                f"groups (last level = dedup counter)  -> {out}")
