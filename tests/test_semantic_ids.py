@@ -11,6 +11,7 @@ from genrec.catalog.semantic_ids import (
     group_counter,
     load_sid_index,
     mixed_radix_key,
+    prefix_stats,
 )
 
 
@@ -161,3 +162,10 @@ def test_mixed_radix_key_orders_like_the_code_tuples():
     assert key.tolist() == [1 * 12 + 0 + 2, 0 + 3 * 3 + 1, 12, 3 * 3 + 2]
     ranked = sorted(range(4), key=lambda i: codes[i].tolist())
     assert torch.argsort(key).tolist() == ranked
+
+
+def test_prefix_stats_counts() -> None:
+    codes = torch.tensor([[0, 0], [0, 1], [0, 1], [1, 0]])
+    stats = prefix_stats(codes)
+    assert stats[0] == {"level": 1, "distinct": 2, "largest_group": 3, "unique_share": 0.25}
+    assert stats[1] == {"level": 2, "distinct": 3, "largest_group": 2, "unique_share": 0.5}
