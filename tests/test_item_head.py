@@ -135,6 +135,31 @@ def test_proposals_ranked_by_sid_plus_weighted_head(weight: float) -> None:
             assert set(rec.items) <= set(request.allow)
 
 
+REQUESTS = [RecommendRequest(history=[3, 17, 8]),
+            RecommendRequest(history=[5, 6, 7], exclude=[0, 1, 2]),
+            RecommendRequest(history=[20], allow=[4, 9, 30, 31, 33])]
+
+
+def test_head_proposals_reach_beyond_a_narrow_beam() -> None:
+    """A narrow beam with the head proposing every item it may: the exact top over the whole
+    (filtered) catalog; without head proposals, only the beam's items."""
+    engine = _engine(2)
+    wide = engine.recommend(REQUESTS, BeamParams(beam_width=N_ITEMS, n=5, item_weight=1.0,
+                                                 head_proposals=0))
+    pooled = engine.recommend(REQUESTS, BeamParams(beam_width=5, n=5, item_weight=1.0,
+                                                   head_proposals=N_ITEMS))
+    beam_only = engine.recommend(REQUESTS, BeamParams(beam_width=5, n=5, item_weight=1.0,
+                                                      head_proposals=0))
+    plain = engine.recommend(REQUESTS, BeamParams(beam_width=5, n=5, item_weight=0.0))
+    for w, p, b, s, request in zip(wide, pooled, beam_only, plain, REQUESTS, strict=True):
+        assert p.items == w.items
+        assert p.scores == pytest.approx(w.scores, rel=1e-6, abs=1e-4)
+        assert set(b.items) == set(s.items)  # the beam's own items, reordered
+        for rec in (p, b):
+            assert not set(rec.items) & set(request.exclude or [])
+            assert request.allow is None or set(rec.items) <= set(request.allow)
+
+
 def test_batched_equals_alone() -> None:
     engine = _engine(1)
     requests = [RecommendRequest(history=[3, 17, 8]), RecommendRequest(history=[9] * 6)]
@@ -166,3 +191,6 @@ def test_bad_item_weight_is_refused() -> None:
     for bad in (-1.0, float("inf"), True, "1"):
         with pytest.raises(ValueError, match="item_weight"):
             BeamParams(item_weight=bad).validate()
+    for bad in (-1, 2000, 1.5, True):
+        with pytest.raises(ValueError, match="head_proposals"):
+            BeamParams(head_proposals=bad).validate()

@@ -29,17 +29,10 @@ import torch
 
 from genrec.engine.catalog_state import CatalogState
 from genrec.engine.engine import Engine
-from genrec.engine.params import (
-    BeamParams,
-    Recommendation,
-    RecommendRequest,
-    ScoreParams,
-    ScoreRequest,
-)
+from genrec.engine.item_ranking import sid_logprobs
+from genrec.engine.params import BeamParams, Recommendation, RecommendRequest
 from genrec.engine.retrieval import PreparedSearch
 from genrec.generative.vocab import SidVocab
-
-LOGLIK = ScoreParams(mode="loglik")
 
 
 @dataclass
@@ -144,18 +137,4 @@ class Ensemble:
         """One member's log-probability of each request's ``items`` [len(items[r])]: one
         multi-item scoring request per user (the prompt computed once)."""
         catalog = catalog if catalog is not None else engine.catalog
-        prompts = catalog.prompts([list(q.history) for q in requests],
-                                  [q.user_vector is not None for q in requests],
-                                  [q.text for q in requests])
-        scored = [r for r, row in enumerate(items) if row]
-        score_requests = [
-            ScoreRequest(prefix=prompts[r], candidates=catalog.item_tokens(items[r]).tolist(),
-                         user_vector=requests[r].user_vector)
-            for r in scored
-        ]
-        out = [torch.zeros(0) for _ in items]
-        if score_requests:
-            for r, scores in zip(scored, engine.score_requests(score_requests, LOGLIK),
-                                 strict=True):
-                out[r] = scores
-        return out
+        return sid_logprobs(engine, requests, items, catalog)

@@ -85,12 +85,15 @@ MAX_BEAM_WIDTH = 1024
 @dataclass
 class BeamParams:
     """Constrained beam search: ``beam_width`` beams (<= 1024), the best ``n`` items returned.
-    ``item_weight``: for a model with an item head, the beam's proposals are ranked by
-    ``log p(Semantic IDs) + item_weight * log p_head(item)`` (0: the Semantic IDs alone)."""
+    ``item_weight``: for a model with an item head, the beam's proposals, pooled with the
+    head's ``head_proposals`` best items (default: ``beam_width``; 0: none), are ranked by
+    ``log p(Semantic IDs) + item_weight * log p_head(item)`` (0: the Semantic IDs alone, the
+    beam's order). See :mod:`genrec.engine.item_ranking`."""
 
     beam_width: int = 20
     n: int = 10
     item_weight: float = 1.0
+    head_proposals: int | None = None
 
     def validate(self) -> None:
         for name in ("beam_width", "n"):
@@ -104,6 +107,11 @@ class BeamParams:
         if isinstance(self.item_weight, bool) or not isinstance(self.item_weight, (int, float)) \
                 or not 0.0 <= self.item_weight < float("inf"):
             raise ValueError(f"item_weight must be a finite number >= 0, got {self.item_weight!r}")
+        h = self.head_proposals
+        if h is not None and (isinstance(h, bool) or not isinstance(h, int) or not
+                              0 <= h <= MAX_BEAM_WIDTH):
+            raise ValueError(f"head_proposals must be an integer in [0, {MAX_BEAM_WIDTH}], "
+                             f"got {h!r}")
 
 
 @dataclass

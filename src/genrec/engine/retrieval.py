@@ -15,8 +15,8 @@ import torch
 from genrec.catalog.filters import PartFilter
 from genrec.engine.batch import PackedBatch
 from genrec.engine.inputs import InputError
+from genrec.engine.item_ranking import rank_with_head
 from genrec.engine.params import BeamParams, Recommendation, RecommendRequest
-from genrec.model.item_head import combine, prompt_hidden
 
 if TYPE_CHECKING:
     from genrec.engine.catalog_state import CatalogState
@@ -32,6 +32,7 @@ class PreparedSearch:
     params: BeamParams
     batch: PackedBatch
     filters: list[PartFilter]
+    requests: list[RecommendRequest]
 
 
 def prepare_search(
@@ -69,12 +70,12 @@ def prepare_search(
                         require_branches=False)
     filters = catalog.search_filters([q.allow for q in requests],
                                      [q.exclude for q in requests])
-    return PreparedSearch(catalog, params, batch, filters)
+    return PreparedSearch(catalog, params, batch, filters, list(requests))
 
 
 def run_search(engine: Engine, prepared: PreparedSearch) -> list[Recommendation]:
     """One beam search for a prepared batch; the top-n items of each request (a model with an
-    item head ranks the beam's proposals with it: :mod:`genrec.model.item_head`)."""
+    item head ranks the beam's proposals and its own with it: :mod:`genrec.engine.item_ranking`)."""
     batch, catalog, params = prepared.batch, prepared.catalog, prepared.params
     device = engine.model.device
     result = engine.searches.search(
@@ -82,13 +83,8 @@ def run_search(engine: Engine, prepared: PreparedSearch) -> list[Recommendation]
         batch.layout.prefix_len.tolist(), batch.prefix_last.to(device), params.beam_width,
     )
     items, scores = result.items, result.scores
-    head = engine.model.item_head
-    if head is not None and params.item_weight:
-        hidden = prompt_hidden(engine.model, engine.embed(batch), batch.prefix_lens,
-                               batch.prefix_last.to(device))
-        ranked = combine(scores, head.log_probs(hidden, items), items >= 0, params.item_weight)
-        order = ranked.argsort(dim=1, descending=True, stable=True)
-        items, scores = items.gather(1, order), ranked.gather(1, order)
+    if engine.model.item_head is not None and params.item_weight:
+        return rank_with_head(engine, prepared.requests, batch, catalog, params, items, scores)
     # the one copy back: non-blocking into pinned memory on a GPU, then one wait
     pinned = device.type == "cuda"
     items = items[:, : params.n].to("cpu", non_blocking=pinned)
