@@ -56,7 +56,7 @@ def eval_command(
              "popularity alike).")] = False,
     item_weight: Annotated[float, typer.Option(
         min=0.0, help="Generative models with an item head: weight of its log-probability in "
-                      "the ranking of the beam's proposals (0: Semantic IDs alone).")] = 1.0,
+                      "the ranking of the proposals (0: Semantic IDs alone).")] = 3.0,
     ensemble: Annotated[list[Path] | None, typer.Option(
         help="Generative models: another model over the same index, ranking with --model by "
              "the mean log-probability of each item (genrec.engine.ensemble); repeat the "

@@ -95,9 +95,11 @@ def train_generative(
     prompt_text: Annotated[str | None, typer.Option(
         help="--extend-vocab: text before every prompt's Semantic IDs (train, eval, serve).")
     ] = None,
-    item_head: Annotated[bool, typer.Option(
+    item_head: Annotated[bool | None, typer.Option(
         help="A dense item head beside the Semantic IDs (one embedding per item, trained "
-             "jointly by cross-entropy over all items; it ranks the beam's proposals).")] = False,
+             "jointly by cross-entropy over all items; with the beam's proposals it proposes "
+             "and ranks items). Default: on when training from scratch, off with --init-from.")
+    ] = None,
     epochs: RecipeInt = None,
     batch_tokens: Annotated[int, typer.Option(min=1, help="Tokens per step.")] = 4096,
     lr: float = 1e-3, weight_decay: float = 0.01, warmup_ratio: float = 0.05,
@@ -153,6 +155,8 @@ def train_generative(
             raise ValueError("--extend-vocab needs --init-from; --prompt-text needs --extend-vocab")
         if item_head and init_from is not None:
             raise ValueError("--item-head: models trained from scratch only (not --init-from)")
+        item_head = init_from is None if item_head is None else item_head
+        args["item_head"] = item_head
         train = training_sequences(ds.sequences)
         given = dict(zip(RECIPE_KEYS, (hidden, layers, heads, kv_heads, head_dim, dropout,
                                        epochs), strict=True))

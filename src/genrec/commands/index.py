@@ -41,7 +41,7 @@ def index_command(
                     "item: 64 for 2k-12k items at 3 levels, 256 for 1M).")] = None,
     iters: Annotated[int, typer.Option(min=1, help="k-means iterations.")] = 50,
     balanced: Annotated[bool, typer.Option(help="Balanced k-means: each level's codes used "
-                                                "about equally (capacity n / codes).")] = False,
+                                                "about equally (capacity n / codes).")] = True,
     encoder: Annotated[Path | None, typer.Option(help="Local sentence-encoder folder "
                                                       "(default: bundled MiniLM).")] = None,
     seed: int = 0, device: DeviceOpt = "auto",

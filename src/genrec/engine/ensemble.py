@@ -29,8 +29,13 @@ import torch
 
 from genrec.engine.catalog_state import CatalogState
 from genrec.engine.engine import Engine
-from genrec.engine.item_ranking import sid_logprobs
-from genrec.engine.params import BeamParams, Recommendation, RecommendRequest
+from genrec.engine.item_ranking import item_scores
+from genrec.engine.params import (
+    DEFAULT_ITEM_WEIGHT,
+    BeamParams,
+    Recommendation,
+    RecommendRequest,
+)
 from genrec.engine.retrieval import PreparedSearch
 from genrec.generative.vocab import SidVocab
 
@@ -101,7 +106,8 @@ class Ensemble:
         member, as :meth:`Engine.prepare_recommend`); :meth:`run_recommend` runs it."""
         params = params or BeamParams()
         params.validate()
-        wide = BeamParams(beam_width=params.beam_width, n=params.beam_width)
+        wide = BeamParams(beam_width=params.beam_width, n=params.beam_width,
+                          item_weight=params.item_weight, head_proposals=params.head_proposals)
         first = self.engines[0].prepare_recommend(requests, wide, catalog)
         return PreparedEnsemble(list(requests), params, catalog, first)
 
@@ -118,8 +124,8 @@ class Ensemble:
         items = [list(pool) for pool in pools]
         total = [torch.zeros(len(row), dtype=torch.float64) for row in items]
         for engine in self.engines:
-            for acc, scores in zip(total, self.member_scores(engine, requests, items, catalog),
-                                   strict=True):
+            member = self.member_scores(engine, requests, items, catalog, params.item_weight)
+            for acc, scores in zip(total, member, strict=True):
                 acc += scores.double()
         out = []
         for row, acc in zip(items, total, strict=True):
@@ -132,9 +138,11 @@ class Ensemble:
 
     @staticmethod
     def member_scores(engine: Engine, requests: Sequence[RecommendRequest],
-                      items: Sequence[Sequence[int]], catalog: CatalogState | None = None
-                      ) -> list[torch.Tensor]:
-        """One member's log-probability of each request's ``items`` [len(items[r])]: one
-        multi-item scoring request per user (the prompt computed once)."""
+                      items: Sequence[Sequence[int]], catalog: CatalogState | None = None,
+                      item_weight: float = DEFAULT_ITEM_WEIGHT) -> list[torch.Tensor]:
+        """One member's score of each request's ``items`` [len(items[r])]: its log-probability
+        by multi-item scoring (one request per user, the prompt computed once), plus
+        ``item_weight`` times its item head's log-probability where it has one
+        (:func:`genrec.engine.item_ranking.item_scores`)."""
         catalog = catalog if catalog is not None else engine.catalog
-        return sid_logprobs(engine, requests, items, catalog)
+        return item_scores(engine, requests, items, catalog, item_weight)

@@ -52,6 +52,37 @@ def sid_logprobs(engine: Engine, requests: Sequence[RecommendRequest],
     return out
 
 
+@torch.no_grad()
+def item_scores(engine: Engine, requests: Sequence[RecommendRequest],
+                items: Sequence[Sequence[int]], catalog: CatalogState,
+                weight: float) -> list[torch.Tensor]:
+    """The ranking score of each request's ``items`` [len(items[r])] by one model: its
+    Semantic-ID log-probability, plus ``weight`` times its head log-probability for a model
+    with an item head (as :func:`rank_with_head` scores them)."""
+    sid = sid_logprobs(engine, requests, items, catalog)
+    head = engine.model.item_head
+    if head is None or not weight or not any(items):
+        return sid
+    prompts = catalog.prompts([list(q.history) for q in requests],
+                              [q.user_vector is not None for q in requests],
+                              [q.text for q in requests])
+    batch = engine.pack(prompts, [[] for _ in prompts], [q.user_vector for q in requests],
+                        require_branches=False)
+    device = engine.model.device
+    hidden = prompt_hidden(engine.model, engine.embed(batch), batch.prefix_lens,
+                           batch.prefix_last.to(device))
+    out = []
+    for r, row in enumerate(items):
+        pool = torch.tensor(list(row), dtype=torch.long)
+        if not row:
+            out.append(sid[r])
+            continue
+        head_scores = head.log_probs(hidden[r : r + 1], pool[None].to(device)).cpu()
+        valid = torch.ones(1, len(row), dtype=torch.bool)
+        out.append(combine(sid[r][None], head_scores, valid, weight)[0])
+    return out
+
+
 def _allowed(requests: Sequence[RecommendRequest], catalog: CatalogState, num_items: int,
              device: torch.device) -> torch.Tensor:
     """[R, num_items] bool: the head's items each request may be given."""
@@ -70,6 +101,7 @@ def _allowed(requests: Sequence[RecommendRequest], catalog: CatalogState, num_it
     return ok.to(device)
 
 
+@torch.no_grad()
 def rank_with_head(
     engine: Engine, requests: Sequence[RecommendRequest], batch: PackedBatch,
     catalog: CatalogState, params: BeamParams, items: torch.Tensor, scores: torch.Tensor,

@@ -82,6 +82,10 @@ class EngineConfig:
 MAX_BEAM_WIDTH = 1024
 
 
+# the head's weight chosen on validation (amazon18-scientific, amazon14-beauty: docs/results.md)
+DEFAULT_ITEM_WEIGHT = 3.0
+
+
 @dataclass
 class BeamParams:
     """Constrained beam search: ``beam_width`` beams (<= 1024), the best ``n`` items returned.
@@ -92,7 +96,7 @@ class BeamParams:
 
     beam_width: int = 20
     n: int = 10
-    item_weight: float = 1.0
+    item_weight: float = DEFAULT_ITEM_WEIGHT
     head_proposals: int | None = None
 
     def validate(self) -> None:

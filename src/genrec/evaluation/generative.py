@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from genrec.data.split import Example, leave_one_out, training_sequences
 from genrec.engine import BeamParams, Engine, RecommendRequest
+from genrec.engine.params import DEFAULT_ITEM_WEIGHT
 from genrec.evaluation.metrics import ranking_metrics, target_ranks
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ def evaluate_generative(
     user_vectors: torch.Tensor | None = None,
     beam_width: int = DEFAULT_BEAM_WIDTH, ks: Sequence[int] = (5, 10), batch_size: int = 128,
     progress: bool = False, exclude: Sequence[Sequence[int]] | None = None,
-    item_weight: float = 1.0,
+    item_weight: float = DEFAULT_ITEM_WEIGHT,
 ) -> dict[str, float]:
     """Recall@k / NDCG@k (k in ``ks``) of ``engine`` (or an ensemble) on ``examples``.
 
@@ -101,7 +102,7 @@ def evaluate_split(
     split: Literal["val", "test"] = "test",
     user_vectors: torch.Tensor | None = None, beam_width: int = DEFAULT_BEAM_WIDTH,
     users: int | None = None, seed: int = 0, batch_size: int = 128, progress: bool = False,
-    mask_history: bool = False, item_weight: float = 1.0,
+    mask_history: bool = False, item_weight: float = DEFAULT_ITEM_WEIGHT,
 ) -> dict[str, float]:
     """:func:`evaluate_generative` on a leave-one-out split of ``sequences`` (full per-user
     sequences), with the wall time in ``"seconds"``; ``mask_history``: never recommend an item
@@ -172,7 +173,7 @@ def evaluate_popularity(
 def popularity_split(
     sequences: Sequence[Sequence[int]], num_items: int, split: Literal["val", "test"] = "test",
     max_history: int = 20, users: int | None = None, seed: int = 0,
-    mask_history: bool = False, item_weight: float = 1.0,
+    mask_history: bool = False, item_weight: float = DEFAULT_ITEM_WEIGHT,
 ) -> dict[str, float]:
     """:func:`evaluate_popularity` on the examples :func:`evaluate_split` evaluates (same split,
     same user sample, history masked or not alike): the baseline printed beside a model."""
