@@ -57,6 +57,9 @@ def eval_command(
     item_weight: Annotated[float, typer.Option(
         min=0.0, help="Generative models with an item head: weight of its log-probability in "
                       "the ranking of the proposals (0: Semantic IDs alone).")] = 3.0,
+    head_proposals: Annotated[int | None, typer.Option(
+        min=0, help="Generative models with an item head: the head's own proposals per user, "
+                    "pooled with the beam's (default: --beam-width).")] = None,
     ensemble: Annotated[list[Path] | None, typer.Option(
         help="Generative models: another model over the same index, ranking with --model by "
              "the mean log-probability of each item (genrec.engine.ensemble); repeat the "
@@ -93,7 +96,8 @@ def eval_command(
             except ValueError as err:
                 raise ValueError(f"--ensemble: {err}") from None
         metrics = evaluate_split(engine, ds.sequences, split, vectors, beam_width, users, seed,
-                                 batch_size, progress, mask_history, item_weight)
+                                 batch_size, progress, mask_history, item_weight,
+                                 head_proposals)
         pop = popularity_split(ds.sequences, ds.num_items, split, engine.vocab.max_history,
                                users, seed, mask_history)  # the same users and masking
     except INPUT_ERRORS as err:
@@ -102,6 +106,7 @@ def eval_command(
     metrics["split"] = split
     metrics["history_masked"] = mask_history
     metrics["item_weight"] = item_weight
+    metrics["head_proposals"] = head_proposals
     metrics["models"] = [str(m) for m in [model, *(ensemble or [])]]
     keys = ("recall@5", "ndcg@5", "recall@10", "ndcg@10")
     typer.echo(f"{ds.name} {split}: {metrics['n_users']} users, beam {beam_width}, history "

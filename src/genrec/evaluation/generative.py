@@ -35,13 +35,13 @@ def evaluate_generative(
     user_vectors: torch.Tensor | None = None,
     beam_width: int = DEFAULT_BEAM_WIDTH, ks: Sequence[int] = (5, 10), batch_size: int = 128,
     progress: bool = False, exclude: Sequence[Sequence[int]] | None = None,
-    item_weight: float = DEFAULT_ITEM_WEIGHT,
+    item_weight: float = DEFAULT_ITEM_WEIGHT, head_proposals: int | None = None,
 ) -> dict[str, float]:
     """Recall@k / NDCG@k (k in ``ks``) of ``engine`` (or an ensemble) on ``examples``.
 
     ``user_vectors`` [num_users, user_dim] (indexed by ``Example.user``) feed the soft token.
     ``exclude[i]``: items never to recommend for ``examples[i]`` (e.g. :func:`full_histories`).
-    ``item_weight``: see :class:`BeamParams` (models with an item head).
+    ``item_weight``, ``head_proposals``: see :class:`BeamParams` (models with an item head).
     Returns ``{"recall@5", "ndcg@5", "recall@10", "ndcg@10", "n_users", "beam_width"}``.
     """
     if not examples:
@@ -51,7 +51,8 @@ def evaluate_generative(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     n = max(ks)
-    params = BeamParams(beam_width=beam_width, n=n, item_weight=item_weight)
+    params = BeamParams(beam_width=beam_width, n=n, item_weight=item_weight,
+                        head_proposals=head_proposals)
     params.validate()
     top = torch.full((len(examples), n), -1, dtype=torch.int64)
     starts = range(0, len(examples), batch_size)
@@ -103,6 +104,7 @@ def evaluate_split(
     user_vectors: torch.Tensor | None = None, beam_width: int = DEFAULT_BEAM_WIDTH,
     users: int | None = None, seed: int = 0, batch_size: int = 128, progress: bool = False,
     mask_history: bool = False, item_weight: float = DEFAULT_ITEM_WEIGHT,
+    head_proposals: int | None = None,
 ) -> dict[str, float]:
     """:func:`evaluate_generative` on a leave-one-out split of ``sequences`` (full per-user
     sequences), with the wall time in ``"seconds"``; ``mask_history``: never recommend an item
@@ -114,7 +116,7 @@ def evaluate_split(
     start = time.perf_counter()
     metrics = evaluate_generative(engine, examples, user_vectors, beam_width,
                                   batch_size=batch_size, progress=progress, exclude=exclude,
-                                  item_weight=item_weight)
+                                  item_weight=item_weight, head_proposals=head_proposals)
     metrics["seconds"] = time.perf_counter() - start
     return metrics
 
@@ -173,7 +175,7 @@ def evaluate_popularity(
 def popularity_split(
     sequences: Sequence[Sequence[int]], num_items: int, split: Literal["val", "test"] = "test",
     max_history: int = 20, users: int | None = None, seed: int = 0,
-    mask_history: bool = False, item_weight: float = DEFAULT_ITEM_WEIGHT,
+    mask_history: bool = False,
 ) -> dict[str, float]:
     """:func:`evaluate_popularity` on the examples :func:`evaluate_split` evaluates (same split,
     same user sample, history masked or not alike): the baseline printed beside a model."""
