@@ -124,7 +124,7 @@ def test_every_device_option_defaults_to_auto() -> None:
         for param in command.params:
             if param.name == "device":
                 found[path] = param.default
-    assert {"genrec serve", "genrec score", "genrec eval"} <= set(found)
+    assert {"genrec serve", "genrec score", "genrec eval", "genrec recommend"} <= set(found)
     assert {p: d for p, d in found.items() if d != "auto"} == {}
 
 

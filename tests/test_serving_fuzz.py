@@ -59,11 +59,11 @@ CATALOG = "/v1/catalog/items"
 BUDGET = {("POST", "/v1/recommend"): 320, ("POST", "/v1/rank"): 240,
           ("POST", "/v1/score"): 300, ("POST", "/v1/completions"): 300, ("PUT", CATALOG): 360,
           ("DELETE", CATALOG): 240, ("GET", "/health"): 50, ("GET", "/ready"): 50,
-          ("GET", "/metrics"): 50}
+          ("GET", "/metrics"): 50, ("GET", "/v1/models"): 50, ("GET", "/v1/models/{model}"): 50}
 MISC_BUDGET = 150  # other methods and paths
 MISC_METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]
 MISC_PATHS = ["/v1/recommend", CATALOG, "/v1/catalog/other", "/v1/nope", "/v1", "/nope",
-              "/health", "/docs", "/openapi.json"]
+              "/health", "/docs", "/openapi.json", "/v1/completions", "/v1/models/gpt-4"]
 
 
 @dataclass

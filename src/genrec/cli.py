@@ -122,12 +122,14 @@ from genrec.commands.evaluate import eval_command  # noqa: E402
 from genrec.commands.generative import train_generative  # noqa: E402, F401 (adds the command)
 from genrec.commands.index import index_command  # noqa: E402
 from genrec.commands.plot import plot_command  # noqa: E402
+from genrec.commands.recommend import recommend_command  # noqa: E402
 from genrec.commands.serve import serve  # noqa: E402
 
 app.add_typer(train_app, name="train")
 app.command("eval")(eval_command)
 app.command("index")(index_command)
 app.command("serve")(serve)
+app.command("recommend")(recommend_command)
 app.command("encode-catalog")(encode_catalog)
 app.command("plot")(plot_command)
 app.command("average")(average_command)
