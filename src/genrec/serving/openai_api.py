@@ -80,13 +80,14 @@ def _reshaped(status: int, body: bytes) -> bytes:
 class OpenAIErrors:
     """ASGI middleware: on the OpenAI-style routes, every answer of status 400 or more gets
     OpenAI's error body (same status and headers; ``Content-Length`` recomputed); all other
-    answers pass through untouched."""
+    answers (and any answer to ``HEAD``, which has no body) pass through untouched."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not is_openai_route(scope["path"]):
+        if (scope["type"] != "http" or not is_openai_route(scope["path"])
+                or scope["method"] == "HEAD"):  # no body to reshape
             await self.app(scope, receive, send)
             return
         start: dict[str, Any] | None = None  # an error answer's start, held until its body
