@@ -28,7 +28,7 @@ from genrec.engine import Engine, EngineConfig
 from genrec.engine.catalog_state import CatalogState
 from genrec.model import build_model
 from genrec.serving import ServeConfig, create_app, run_server
-from genrec.serving.auth import ApiKeyMiddleware, keys_from_env
+from genrec.serving.auth import keys_from_env
 from genrec.serving.backends import RankerCatalogUpdater
 from genrec.training.duolm import ranker_config
 
@@ -61,8 +61,8 @@ def main() -> None:
     engine, ranker = tiny_engine(), tiny_ranker()
     app = create_app(engine, ranker=ranker, catalog_updater=RankerCatalogUpdater(ranker),
                      tokenizer=CharTokenizer(),
-                     config=ServeConfig(max_batch_size=8, max_wait_ms=1))
-    app.add_middleware(ApiKeyMiddleware, api_key=api_key, admin_key=admin_key)
+                     config=ServeConfig(max_batch_size=8, max_wait_ms=1, api_key=api_key,
+                                        admin_key=admin_key))
     # uvicorn re-raises the SIGTERM it drained on, under the handler it found: this one lets
     # the process go on to write the dump
     signal.signal(signal.SIGTERM, lambda *_: None)

@@ -18,6 +18,7 @@ from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.generative.vocab import BOS_ID, NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.model import ModelConfig, build_model
 from genrec.serving import BackgroundServer, RankRequest, ServeConfig, create_app
+from genrec.serving.openai_api import is_openai_route
 
 SIZES = [5, 4, 3]
 N_ITEMS = 40
@@ -102,6 +103,20 @@ class CharTokenizer:
 
 def post(url: str, path: str, body: object, **kw: object) -> httpx.Response:
     return httpx.post(url + path, json=body, timeout=30, **kw)
+
+
+def error_message(r: httpx.Response) -> str:
+    """The message of an error answer, checking its shape: OpenAI's ``{"error": {"message",
+    "type", "param", "code"}}`` on the OpenAI-style routes, ``{"detail": str}`` elsewhere."""
+    body = r.json()
+    if is_openai_route(r.request.url.path):
+        assert set(body) == {"error"}, body
+        error = body["error"]
+        assert set(error) == {"message", "type", "param", "code"}, body
+        assert error["code"] == r.status_code and isinstance(error["message"], str), body
+        return error["message"]
+    assert isinstance(body.get("detail"), str), body
+    return body["detail"]
 
 
 RECOMMEND = [

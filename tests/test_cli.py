@@ -106,3 +106,43 @@ def test_score_missing_checkpoint(tmp_path: Path) -> None:
                                  "--candidates", "2", "--mode", "loglik"])
     assert result.exit_code == 1
     assert "no config.json" in result.output
+
+
+def _commands(command: object, path: str = "genrec") -> list[tuple[str, object]]:
+    """Every leaf command of the click tree under ``command``, with its path."""
+    subs = getattr(command, "commands", None)
+    if not subs:
+        return [(path, command)]
+    return [leaf for name, sub in subs.items() for leaf in _commands(sub, f"{path} {name}")]
+
+
+def test_every_device_option_defaults_to_auto() -> None:
+    import typer
+
+    found = {}
+    for path, command in _commands(typer.main.get_command(app)):
+        for param in command.params:
+            if param.name == "device":
+                found[path] = param.default
+    assert {"genrec serve", "genrec score", "genrec eval", "genrec recommend"} <= set(found)
+    assert {p: d for p, d in found.items() if d != "auto"} == {}
+
+
+def test_python_m_genrec_runs_the_command_line() -> None:
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "genrec", "serve", "--help"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ})
+    assert run.returncode == 0, run.stderr
+    assert "Usage: genrec serve [OPTIONS] [MODEL]" in " ".join(run.stdout.split())
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["serve"], "give the model"),
+    (["serve", "a", "--model", "b"], "MODEL a and --model b differ"),
+])
+def test_serve_takes_the_model_once(args: list[str], message: str) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output

@@ -142,7 +142,8 @@ def test_completions_beam_search(full: tuple[str, Updater], engine: Engine) -> N
     assert [c["item_id"] for c in soft.json()["choices"]] == offline(
         engine, {"history": history, "user_vector": user, "n": 2, "beam_width": 2})[0]
     r = post(url, "/v1/completions", {"prompt": prompt, "max_tokens": 3})
-    assert r.status_code == 400 and "use_beam_search" in r.json()["detail"]
+    assert r.status_code == 400 and "use_beam_search" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "use_beam_search"
 
 
 def test_catalog_hooks(full: tuple[str, Updater], bare: str) -> None:

@@ -176,7 +176,8 @@ def test_endpoints_over_a_catalog_with_a_delta() -> None:
                                                     for i in want.items]
         for prompt in (text(old_sid_of_9), text([0, 0, 99999999999999999999999])):
             r = post(url, "/v1/completions", {"prompt": prompt, "use_beam_search": True})
-            assert r.status_code == 422 and "not a catalog item" in r.json()["detail"], r.text
+            assert r.status_code == 422 and "not a catalog item" in r.text, r.text
+            assert r.json()["error"]["param"] == "prompt"
         for body in ({"history": [3, N_ITEMS], "allow": [9, 17, N_ITEMS + 1, 30], "n": 3,
                       "beam_width": 6},
                      {"history": [9], "exclude": [N_ITEMS, 0, 1], "n": 5, "beam_width": 10}):

@@ -15,6 +15,8 @@ from typing import Annotated
 
 import typer
 
+from genrec.commands.common import DeviceOpt, ThreadsOpt
+
 app = typer.Typer(
     name="genrec",
     help="genrec: inference engine, training and evaluation for LLM-based recommendation.",
@@ -82,16 +84,19 @@ def score(
     apply_softmax: Annotated[bool, typer.Option(help="labels mode: softmax over the label "
                                                      "logits alone.")] = False,
     dtype: Annotated[str, typer.Option(help="float32 | bfloat16 | float16.")] = "float32",
+    device: DeviceOpt = "auto", threads: ThreadsOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the scores as JSON.")] = False,
 ) -> None:
     """Score candidates after a shared prefix (one request; the prefix is computed once)."""
     from genrec.engine import Engine, ScoreParams
+    from genrec.utils.device import resolve_device
 
     prefix_ids = parse_ids(prefix, "prefix")
     cands = parse_candidates(candidates)
     label_ids = parse_ids(labels, "labels") if labels is not None else None
     try:
-        engine = Engine.from_pretrained(model, dtype=dtype)
+        engine = Engine.from_pretrained(model, dtype=dtype,
+                                        device=resolve_device(device, threads))
         params = ScoreParams(mode=mode, label_token_ids=label_ids, apply_softmax=apply_softmax)
         scores = engine.score(prefix_ids, cands, params)
     except ValueError as err:  # CheckpointError, InputError and bad parameters
@@ -117,12 +122,14 @@ from genrec.commands.evaluate import eval_command  # noqa: E402
 from genrec.commands.generative import train_generative  # noqa: E402, F401 (adds the command)
 from genrec.commands.index import index_command  # noqa: E402
 from genrec.commands.plot import plot_command  # noqa: E402
+from genrec.commands.recommend import recommend_command  # noqa: E402
 from genrec.commands.serve import serve  # noqa: E402
 
 app.add_typer(train_app, name="train")
 app.command("eval")(eval_command)
 app.command("index")(index_command)
 app.command("serve")(serve)
+app.command("recommend")(recommend_command)
 app.command("encode-catalog")(encode_catalog)
 app.command("plot")(plot_command)
 app.command("average")(average_command)

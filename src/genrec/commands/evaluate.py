@@ -124,7 +124,8 @@ def eval_command(
 def load_generative(model: Path, ds: Dataset, split: str, device: str,
                     field: str) -> tuple[Engine, torch.Tensor | None]:
     """A generative model's engine (``model`` or its training folder's best/) checked against
-    ``ds``, and its soft-token user vectors for ``split`` (None without a soft token)."""
+    ``ds``, and its soft-token user vectors for ``split`` (None without a soft token):
+    ``test`` / ``val`` hold out the last item / two items, ``all`` the whole histories."""
     from genrec.engine import Engine
     from genrec.training.user_vectors import fold_in, load_item_factors, load_saved_user_vectors
 
@@ -137,8 +138,8 @@ def load_generative(model: Path, ds: Dataset, split: str, device: str,
         return engine, None
     factors = load_item_factors(folder)
     if factors is not None:  # svd-causal: every item before the held-out one
-        cut = 1 if split == "test" else 2
-        return engine, fold_in(factors, [s[:-cut] if len(s) > cut else [] for s in
+        cut = {"all": 0, "test": 1, "val": 2}[split]
+        return engine, fold_in(factors, [s[:len(s) - cut] if len(s) > cut else [] for s in
                                          ds.sequences])
     vectors = load_saved_user_vectors(folder, ds.user_ids)
     if vectors is None:

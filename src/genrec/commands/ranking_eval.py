@@ -21,6 +21,7 @@ from genrec.utils.device import resolve_device
 
 if TYPE_CHECKING:
     from genrec.data.loaders import Dataset
+    from genrec.duolm.ranker import DuoRanker
 
 
 def eval_rankers(
@@ -33,7 +34,7 @@ def eval_rankers(
     (and the teacher, when given) side by side; NDCG@10, Recall@10, MRR."""
     import time
 
-    from genrec.duolm.ranker import DuoRanker, RankRequest, TeacherRanker, read_meta
+    from genrec.duolm.ranker import RankRequest, TeacherRanker, read_meta
     from genrec.evaluation.ranking import evaluate_ranking
     from genrec.training.user_vectors import load_saved_user_vectors
     from genrec.utils.atomic import atomic_write_json
@@ -49,7 +50,7 @@ def eval_rankers(
                 rankers["teacher"] = TeacherRanker.from_pretrained(
                     folder, dataset_item_text(ds), ds.num_items, device=dev)
             else:
-                rankers["student"] = _student(folder, store, ds, progress, dev, DuoRanker)
+                rankers["student"] = load_student(folder, store, ds, progress, dev)
         meta_hist = int(read_meta(run_folder(model)).get("max_history", 20))
         _, exs, cands = eval_split(ds, meta_hist, users, negatives, seed, split)
         results = {}
@@ -82,13 +83,14 @@ def eval_rankers(
         atomic_write_json(json_path, {"split": split, "negatives": negatives, **results})
 
 
-def _student(folder: Path, store: Path | None, ds: Dataset, progress: bool, dev: str,
-             cls):  # noqa: ANN001, ANN202
-    """The student with the store's table, or with the catalog encoded now (no ``store``)."""
+def load_student(folder: Path, store: Path | None, ds: Dataset, progress: bool,
+                 dev: str) -> DuoRanker:
+    """The DuoLM student in ``folder`` with the item store's table, or with ``ds``'s catalog
+    encoded now by its item encoder (no ``store``)."""
     import torch
 
     from genrec.duolm.encoder import ItemEncoder
-    from genrec.duolm.ranker import ENCODER_DIR
+    from genrec.duolm.ranker import ENCODER_DIR, DuoRanker
     from genrec.duolm.store import StoreVersion
 
     if store is None:
@@ -98,4 +100,4 @@ def _student(folder: Path, store: Path | None, ds: Dataset, progress: bool, dev:
                                  progress)
         store = StoreVersion(encoder.encode_all(feats), torch.ones(ds.num_items, dtype=torch.bool),
                              0, list(ds.item_ids))
-    return cls.from_pretrained(folder, store, device=dev)
+    return DuoRanker.from_pretrained(folder, store, device=dev)

@@ -15,13 +15,23 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from genrec.commands.common import DeviceOpt
+
 if TYPE_CHECKING:
     from genrec.serving.launch import AppSpec
 
 
 def serve(
-    model: Annotated[Path, typer.Option(help="Checkpoint directory of the generative model "
-                                             "(with its Semantic-ID vocabulary).")],
+    model_arg: Annotated[Path | None, typer.Argument(
+        metavar="MODEL", help="Checkpoint directory of the generative model (with its "
+                              "Semantic-ID vocabulary); or give --model.",
+        show_default=False)] = None,
+    model: Annotated[Path | None, typer.Option(help="The same as MODEL.",
+                                               show_default=False)] = None,
+    served_model_name: Annotated[str | None, typer.Option(
+        help="The model's name in /v1/models and the answers' 'model'; /v1/completions "
+             "naming another model gets 404 [default: MODEL's folder name].",
+        show_default=False)] = None,
     ranker: Annotated[Path | None, typer.Option(help="DuoLM ranker directory: enables "
                                                      "/v1/rank and rerank.")] = None,
     ensemble: Annotated[list[Path] | None, typer.Option(
@@ -37,7 +47,7 @@ def serve(
     max_queue: Annotated[int, typer.Option(min=1, help="Requests waiting before 503.")] = 256,
     tokenizer: Annotated[Path | None, typer.Option(help="Hugging Face tokenizer folder, for "
                                                         "text in /v1/score.")] = None,
-    device: Annotated[str, typer.Option(help="auto | cpu | cuda[:N].")] = "cpu",
+    device: DeviceOpt = "auto",
     dtype: Annotated[str | None, typer.Option(help="float32 | bfloat16 | float16 (default: "
                                                    "the checkpoint's).")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
@@ -71,7 +81,7 @@ def serve(
     ] = False,
 ) -> None:
     """Serve the model over HTTP: /v1/recommend, /v1/rank, /v1/score, /v1/completions,
-    /v1/catalog/items, /health, /ready, /metrics. SIGTERM drains and exits.
+    /v1/models, /v1/catalog/items, /health, /ready, /metrics. SIGTERM drains and exits.
 
     With --ray --replicas N: the same application in N Ray Serve replicas behind Ray Serve's
     HTTP proxy on --host/--port (a local Ray instance, or the cluster at RAY_ADDRESS). The
@@ -86,6 +96,9 @@ def serve(
         typer.echo(f"error: genrec serve needs the 'serve' extras: pip install 'genrec[serve]' "
                    f"({err})", err=True)
         raise typer.Exit(code=1) from None
+    model = served_model(model_arg, model)
+    if served_model_name is not None and not served_model_name.strip():
+        raise typer.BadParameter("--served-model-name: empty name")
     if replicas != 1 and not ray:
         typer.echo("error: --replicas needs --ray", err=True)
         raise typer.Exit(code=1)
@@ -106,7 +119,8 @@ def serve(
     if warning is not None:
         typer.echo(warning, err=True)
     config = ServeConfig(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
-                         max_queue=max_queue, model_name=model.name,
+                         max_queue=max_queue,
+                         model_name=served_model_name or model.expanduser().absolute().name,
                          engine_process=engine_process, overlap=overlap, api_key=api_key,
                          admin_key=admin_key, catalog_state=state_dir)
     spec = AppSpec.of(model, ranker, catalog, tokenizer, device=device, dtype=dtype,
@@ -122,6 +136,17 @@ def serve(
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=1) from None
     run_server(app, host=host, port=port, log_level=log_level)
+
+
+def served_model(positional: Path | None, option: Path | None) -> Path:
+    """The model of ``genrec serve MODEL`` or ``--model MODEL`` (``typer.BadParameter`` when
+    neither is given, or both and they differ)."""
+    if positional is None and option is None:
+        raise typer.BadParameter("give the model: genrec serve MODEL (or --model MODEL)")
+    if positional is not None and option is not None and (
+            positional.expanduser().absolute() != option.expanduser().absolute()):
+        raise typer.BadParameter(f"MODEL {positional} and --model {option} differ: give one")
+    return positional if positional is not None else option  # type: ignore[return-value]
 
 
 def catalog_state_dir(model: Path, given: Path | None, volatile: bool) -> str | None:

@@ -2,8 +2,10 @@
 
 Every error is JSON ``{"detail": "<message naming the field>"}``: bad input 422 (schema or
 engine ``InputError``), missing or wrong API key 401 (:mod:`genrec.serving.auth`),
-unavailable feature 400, body too large 413, queue full or draining 503 with ``Retry-After``
-(also when the engine process is gone), deadline passed 504.
+unavailable feature 400, unknown model 404, body too large 413, queue full or draining 503
+with ``Retry-After`` (also when the engine process is gone), deadline passed 504. On the
+OpenAI-style routes (``/v1/completions``, ``/v1/models``) the same errors come in OpenAI's
+shape, ``{"error": {"message", "type", "param", "code"}}`` (:mod:`genrec.serving.openai_api`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from genrec.serving.backends import CatalogUpdater, Ranker
 from genrec.serving.engine_process import EngineGoneError
 from genrec.serving.launch import ServeConfig
 from genrec.serving.metrics import ServerMetrics
+from genrec.serving.openai_api import OpenAIErrors, check_model, model_card, model_list
 from genrec.serving.scheduler import (
     BatchScheduler,
     DeadlineExceededError,
@@ -38,8 +41,8 @@ from genrec.serving.worker import BatchWorker, Worker
 
 log = logging.getLogger("genrec.serving")
 
-ROUTES = ("/v1/recommend", "/v1/rank", "/v1/score", "/v1/completions", "/v1/catalog/items",
-          "/health", "/ready", "/metrics")
+ROUTES = ("/v1/recommend", "/v1/rank", "/v1/score", "/v1/completions", "/v1/models",
+          "/v1/catalog/items", "/health", "/ready", "/metrics")
 
 
 def _field(loc: tuple[Any, ...]) -> str:
@@ -203,6 +206,7 @@ def build_app(worker: BatchWorker, *, tokenizer: Any = None,
         # and never reach a route
         app.add_middleware(ApiKeyMiddleware, api_key=config.api_key, admin_key=config.admin_key)
     app.add_middleware(_Guard, state=app.state, metrics=metrics, config=config)
+    app.add_middleware(OpenAIErrors)  # outermost: reshapes the guard's errors too
     _map_errors(app, metrics, config)
     _add_routes(app, service)
     _add_probes(app, worker, service, metrics)
@@ -271,8 +275,22 @@ def _add_routes(app: FastAPI, service: Service) -> None:
     @app.post("/v1/completions", response_model=S.CompletionResponse)
     async def completions(body: S.CompletionBody, request: Request) -> dict:
         """OpenAI-compatible completions subset (constrained beam search)."""
+        check_model(body.model, service.model_name)
         return await service.complete(_min_version(request, body),
                                       _deadline(request, body.deadline_ms))
+
+    created = int(time.time())
+
+    @app.get("/v1/models", response_model=S.ModelList)
+    async def models() -> dict:
+        """OpenAI's model list: the served model (``--served-model-name``)."""
+        return model_list(service.model_name, created)
+
+    @app.get("/v1/models/{model:path}", response_model=S.ModelCard)
+    async def model(model: str) -> dict:
+        """OpenAI's model object of the served model (404 for any other name)."""
+        check_model(model, service.model_name)
+        return model_card(service.model_name, created)
 
     @app.put("/v1/catalog/items", response_model=S.CatalogResponse)
     async def upsert_items(body: S.CatalogUpsertBody, request: Request) -> dict:

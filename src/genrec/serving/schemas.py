@@ -171,6 +171,22 @@ class CompletionResponse(BaseModel):
     catalog_version: int
 
 
+class ModelCard(BaseModel):
+    """OpenAI's ``model`` object (``GET /v1/models``)."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    """OpenAI's ``list`` of models (``GET /v1/models``)."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
 class CatalogItem(BaseModel):
     """One item to add or replace.
 
@@ -213,6 +229,7 @@ class CatalogResponse(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    """Every error: a message naming the offending field."""
+    """Every error of genrec's own routes: a message naming the offending field (the
+    OpenAI-style routes: :func:`genrec.serving.openai_api.openai_error`)."""
 
     detail: str
