@@ -28,19 +28,28 @@ _MAX_LISTED = 10  # unknown ids named in one error message
 MAX_ID_BYTES = 1024
 
 
-def item_key(value: object, field: str = "item_id") -> str:
+def check_key(value: object) -> str:
     """The id ``value`` names: a string as it is, an integer as its decimal string. Raises
-    ``ValueError`` naming ``field`` for anything else (``true``, ``1.5``, ``""``)."""
+    ``ValueError`` for anything else (``true``, ``1.5``, ``""``, a NUL, over
+    :data:`MAX_ID_BYTES` bytes)."""
     if isinstance(value, str):
         key = value
     elif isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         key = str(int(value))
     else:
-        raise ValueError(f"{field}: an item id is a string or an integer, got {value!r}")
+        raise ValueError(f"an item id is a string or an integer, got {value!r}")
     if not key or "\x00" in key or len(key.encode("utf-8")) > MAX_ID_BYTES:
-        raise ValueError(f"{field}: {key[:40]!r} is not an item id (1..{MAX_ID_BYTES} UTF-8 "
-                         f"bytes, no NUL)")
+        raise ValueError(f"{key[:40]!r} is not an item id (1..{MAX_ID_BYTES} UTF-8 bytes, "
+                         f"no NUL)")
     return key
+
+
+def item_key(value: object, field: str = "item_id") -> str:
+    """:func:`check_key`, its error naming ``field``."""
+    try:
+        return check_key(value)
+    except ValueError as err:
+        raise ValueError(f"{field}: {err}") from None
 
 
 def item_keys(values: Iterable[object], field: str) -> list[str]:
