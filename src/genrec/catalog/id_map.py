@@ -260,6 +260,18 @@ class IdMap:
         return IdMap(buf, starts, hashes, order)
 
 
+def check_rows(rows: Iterable[object], n: int, field: str,
+               error: type[Exception] = ValueError) -> None:
+    """The check of rows given to genrec's own row-numbered APIs (the engine, the ranker, a
+    catalog state): raises ``error`` naming ``field`` unless each is an integer in
+    ``0 .. n-1``. Public ids are checked by :meth:`IdMap.rows` / :meth:`IdMap.known`."""
+    for i in rows:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise error(f"{field}: item ids must be integers, got {i!r}")
+        if not 0 <= i < n:
+            raise error(f"{field}: unknown item id {i!r} (catalog has 0..{n - 1})")
+
+
 def unknown_list(keys: Sequence[str], unknown: np.ndarray) -> str:
     """The unknown ids (of ``keys`` at positions ``unknown``) as an error message lists them."""
     listed = [keys[k] for k in unknown[:_MAX_LISTED].tolist()]
