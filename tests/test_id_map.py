@@ -44,6 +44,12 @@ def test_duplicates_refused() -> None:
         IdMap.build(["1", "2", 1])
 
 
+def test_an_empty_map_grows() -> None:
+    empty = IdMap.build([])
+    assert len(empty) == 0 and empty.find(["a"]).tolist() == [-1]
+    assert empty.extended(["a"]).rows(["a"], "h") == [0]
+
+
 def test_rows_named() -> None:
     m = IdMap.rows_named(12)
     assert m.rows(["11", 0], "history") == [11, 0]

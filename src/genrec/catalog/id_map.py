@@ -59,6 +59,8 @@ def item_keys(values: Iterable[object], field: str) -> list[str]:
 
 def _pack(keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     # the keys as one NUL-terminated UTF-8 buffer (uint8) and their starts [N + 1] (int64)
+    if not keys:
+        return np.zeros(0, dtype=np.uint8), np.zeros(1, dtype=np.int64)
     buf = np.frombuffer(("\x00".join(keys) + "\x00").encode("utf-8"), dtype=np.uint8)
     ends = np.flatnonzero(buf == 0)
     if ends.size != len(keys):
