@@ -34,7 +34,7 @@ def test_completions_accept_mixed_text_and_sid_prompts(tmp_path: Path) -> None:
         r = http.post("/v1/completions", json=body)
         assert r.status_code == 200, r.text
         got = r.json()
-        assert [c["item_id"] for c in got["choices"]] == want.items
+        assert [c["item_id"] for c in got["choices"]] == [str(i) for i in want.items]
         assert got["usage"]["prompt_tokens"] == len(encode_text(tok, query)) + 2 * len(SIZES)
         ids = vocab.prompt(history, text=encode_text(tok, query))  # the same as token ids
         r = http.post("/v1/completions", json={**body, "prompt": ids})

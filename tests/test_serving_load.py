@@ -137,8 +137,8 @@ def check(results: list[dict], expected: Expected) -> dict[str, int]:
                                   atol=1e-5), res
         else:
             _, catalog = expected.served.versions[body["catalog_version"]]
-            assert not set(body["items"]) & set(catalog.retired()), res
-            assert body["items"] == items, res
+            assert not {int(i) for i in body["items"]} & set(catalog.retired()), res
+            assert body["items"] == [str(i) for i in items], res
             assert torch.allclose(torch.tensor(body["scores"]), torch.tensor(scores),
                                   atol=1e-4), res
     return counts
