@@ -32,12 +32,18 @@ FOLD_RECORDS = 5
 COMPACT_ITEMS = 8
 
 
+def item_name(row: int) -> str:
+    """The table id of the item in ``row`` (items added later are named the same way)."""
+    return f"song-{row:05d}"
+
+
 def durable_engine() -> Engine:
     """The tiny random model over :data:`N_ITEMS` random distinct Semantic IDs (the same one
-    in every process)."""
+    in every process), its items named by :func:`item_name`."""
     g = torch.Generator().manual_seed(0)
     space = torch.cartesian_prod(*[torch.arange(k) for k in SIZES])
-    return engine_for(space[torch.randperm(space.shape[0], generator=g)[:N_ITEMS]], SIZES)
+    return engine_for(space[torch.randperm(space.shape[0], generator=g)[:N_ITEMS]], SIZES,
+                      [item_name(i) for i in range(N_ITEMS)])
 
 
 def serve(state_dir: str, port: int) -> None:

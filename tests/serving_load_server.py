@@ -33,8 +33,10 @@ def random_catalog(n: int, seed: int = 0, levels: int = 3, size: int = 256
     return torch.cat([codes, dedup[:, None]], 1), [size] * levels + [int(dedup.max()) + 1]
 
 
-def engine_for(codes: torch.Tensor, sizes: list[int]) -> Engine:
-    """A tiny random generative model over ``codes`` (max_history 10)."""
+def engine_for(codes: torch.Tensor, sizes: list[int], item_ids: list[str] | None = None
+               ) -> Engine:
+    """A tiny random generative model over ``codes`` (max_history 10), its items named
+    ``item_ids`` (``None``: by their rows' numbers)."""
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=NUM_SPECIAL + sum(sizes), hidden_size=32, intermediate_size=48,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -42,7 +44,7 @@ def engine_for(codes: torch.Tensor, sizes: list[int]) -> Engine:
     model = build_model(cfg)
     with torch.no_grad():
         model.lm_head.weight.mul_(40)  # peaked next-code distributions, like a trained model
-    vocab = SidVocab(SemanticIndex(codes, sizes), max_history=10)
+    vocab = SidVocab(SemanticIndex(codes, sizes, item_ids), max_history=10)
     return Engine(model, config=EngineConfig(soft_token_id=SOFT_ID), vocab=vocab)
 
 

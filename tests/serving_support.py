@@ -128,11 +128,17 @@ RECOMMEND = [
 ]
 
 
-def offline(engine: Engine, body: dict) -> tuple[list[int], list[float]]:
-    req = RecommendRequest(body["history"], body.get("user_vector"), body.get("exclude"),
-                           body.get("allow"))
+def rows(ids: list | None) -> list[int] | None:
+    """The rows of a test catalog's ids (its index names no ids: row i is ``"i"``)."""
+    return None if ids is None else [int(i) for i in ids]
+
+
+def offline(engine: Engine, body: dict) -> tuple[list[str], list[float]]:
+    """The items (ids) and scores the engine gives for a ``/v1/recommend`` body."""
+    req = RecommendRequest(rows(body["history"]), body.get("user_vector"),
+                           rows(body.get("exclude")), rows(body.get("allow")))
     rec = engine.recommend([req], BeamParams(body.get("beam_width", 20), body.get("n", 10)))[0]
-    return rec.items, rec.scores
+    return [str(i) for i in rec.items], rec.scores
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 10) -> None:

@@ -114,10 +114,10 @@ def test_service_catalog_is_all_or_nothing() -> None:
     # generative only: no ranker call; the one version grows
     alone = ServiceCatalog(engine, None, version=3)
     change = alone.upsert([{"item_id": N_ITEMS, "semantic_id": sid}])
-    assert change.version == 4 and change.catalogs == {"generative": [N_ITEMS]}
+    assert change.version == 4 and change.catalogs == {"generative": [str(N_ITEMS)]}
     assert engine.catalog.version == 4 and engine.catalog.num_items == N_ITEMS + 1
     change = alone.retire([N_ITEMS, 0])
-    assert change.catalogs == {"generative": [N_ITEMS, 0]} and alone.catalog_version == 5
+    assert change.catalogs == {"generative": [str(N_ITEMS), "0"]} and alone.catalog_version == 5
     with pytest.raises(LookupError, match=r"items\[0\]: no ranker catalog"):
         alone.check([{"item_id": 1, "text": "lamp"}])
 
@@ -141,9 +141,9 @@ def test_http_catalog_updates_change_recommend() -> None:
                       json={"items": [{"item_id": N_ITEMS, "semantic_id": sid}]})
         assert r.status_code == 200, r.text
         assert r.json() == {"catalog_version": 4, "count": 1,
-                            "catalogs": {"generative": [N_ITEMS]}}
+                            "catalogs": {"generative": [str(N_ITEMS)]}}
         got = post(url, "/v1/recommend", {**body, "allow": [N_ITEMS]}).json()
-        assert got["items"] == [N_ITEMS] and got["catalog_version"] == 4
+        assert got["items"] == [str(N_ITEMS)] and got["catalog_version"] == 4
         r = httpx.request("DELETE", url + "/v1/catalog/items",
                           json={"item_ids": [first["items"][0]]})
         assert r.status_code == 200 and r.json()["catalogs"]["generative"] == [first["items"][0]]

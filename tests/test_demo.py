@@ -13,7 +13,7 @@ import torch
 from genrec.demo import DemoResult, SyntheticConfig, TrainConfig, generate, run_demo
 from genrec.demo.evaluate import heldout_request, quality
 from genrec.demo.serving import check_port, serve_until_interrupted, start_server
-from genrec.demo.synthetic import popularity, semantic_index, split_users
+from genrec.demo.synthetic import item_name, popularity, semantic_index, split_users
 from genrec.demo.train import pack_batch, sequence_loss, tiny_config, train_model
 from genrec.engine import BeamParams, Engine
 from genrec.generative.vocab import BOS_ID, SidVocab
@@ -141,10 +141,12 @@ def test_http_answer_equals_engine_recommend(short_demo: tuple[DemoResult, list[
     assert engine.vocab is not None  # a generative engine
     data = generate(SyntheticConfig(num_users=600, seed=0))
     request = heldout_request(data, result.sample_user)
-    assert result.request["history"] == list(request.history)
+    assert result.request["history"] == [item_name(i) for i in request.history]
+    assert result.request["history"][0].startswith("song-")
     assert result.sample_target == data.sequences[result.sample_user][-1]
     expected = engine.recommend([request], BeamParams(beam_width=20, n=10))[0]
-    assert result.answer["items"] == expected.items and len(expected.items) == 10
+    assert result.answer["items"] == [item_name(i) for i in expected.items]
+    assert len(expected.items) == 10
     assert result.answer["scores"] == pytest.approx(expected.scores, abs=1e-6)
     assert not set(expected.items) & set(request.history)
 

@@ -34,15 +34,15 @@ def test_completions_accept_mixed_text_and_sid_prompts(tmp_path: Path) -> None:
         r = http.post("/v1/completions", json=body)
         assert r.status_code == 200, r.text
         got = r.json()
-        assert [c["item_id"] for c in got["choices"]] == want.items
+        assert [c["item_id"] for c in got["choices"]] == [str(i) for i in want.items]
         assert got["usage"]["prompt_tokens"] == len(encode_text(tok, query)) + 2 * len(SIZES)
         ids = vocab.prompt(history, text=encode_text(tok, query))  # the same as token ids
         r = http.post("/v1/completions", json={**body, "prompt": ids})
-        assert [c["item_id"] for c in r.json()["choices"]] == want.items
+        assert [c["item_id"] for c in r.json()["choices"]] == [str(i) for i in want.items]
         r = http.post("/v1/completions", json={**body, "prompt": sids})  # default text
-        assert [c["item_id"] for c in r.json()["choices"]] == plain.items
+        assert [c["item_id"] for c in r.json()["choices"]] == [str(i) for i in plain.items]
         r = http.post("/v1/recommend", json={"history": history, "n": 3, "beam_width": 8})
-        assert r.status_code == 200 and r.json()["items"] == plain.items
+        assert r.status_code == 200 and r.json()["items"] == [str(i) for i in plain.items]
         r = http.post("/v1/completions", json={**body, "prompt": f"{sids} and then text"})
         assert r.status_code == 422 and "text must come before" in r.text
     with TestClient(create_app(engine)) as http:  # no tokenizer: text is refused, by field

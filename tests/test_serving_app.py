@@ -19,6 +19,7 @@ from serving_support import (
     Updater,
     offline,
     post,
+    rows,
 )
 
 from genrec import Engine, ScoreParams
@@ -71,7 +72,7 @@ def test_rank_equals_the_ranker_offline_and_rerank_uses_it(full: tuple[str, Upda
     body = {"history": [3, 17, 8], "n": 3, "beam_width": 6, "rerank": True}
     got = post(url, "/v1/recommend", body).json()
     retrieved, _ = offline(engine, {**body, "n": 6})
-    scores = ranker.rank([RankRequest(body["history"], retrieved)])[0]
+    scores = ranker.rank([RankRequest(body["history"], rows(retrieved))])[0]
     order = torch.argsort(scores, descending=True, stable=True)[:3].tolist()
     assert got["items"] == [retrieved[i] for i in order]
 
@@ -150,10 +151,10 @@ def test_catalog_hooks(full: tuple[str, Updater], bare: str) -> None:
     url, updater = full
     r = httpx.put(url + "/v1/catalog/items", json={"items": [{"item_id": 4, "text": "lamp"}]})
     assert r.status_code == 200 and r.json() == {"catalog_version": 11, "count": 1,
-                                                 "catalogs": {"ranker": [4]}}
+                                                 "catalogs": {"ranker": ["4"]}}
     r = httpx.request("DELETE", url + "/v1/catalog/items", json={"item_ids": [4, 5]})
     assert r.json() == {"catalog_version": 12, "count": 2,
-                        "catalogs": {"generative": [4, 5], "ranker": [4, 5]}}
+                        "catalogs": {"generative": ["4", "5"], "ranker": ["4", "5"]}}
     assert updater.calls == [("upsert", [{"item_id": 4, "text": "lamp"}]),
                              ("retire", [4, 5])]
     r = httpx.put(url + "/v1/catalog/items", json={"items": [{"item_id": 5000}]})

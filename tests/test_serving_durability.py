@@ -5,7 +5,9 @@ new one started on the same directory (forked from a process that did the import
 over and over. After each kill the directory replays (offline, in this
 process) to exactly the acknowledged updates, or those and the one in flight, whole: none lost,
 none half applied, the version never back; after each restart ``/ready`` reports that version
-and ``/v1/recommend`` answers as the offline engine over the replayed catalog."""
+and ``/v1/recommend`` answers as the offline engine over the replayed catalog. Items are named
+by string ids (``song-00042``); an upsert of a new id adds an item, whose id survives the
+kills with it."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import torch
 pytest.importorskip("fastapi")
 
 import httpx
-from serving_durable_server import SIZES, durable_engine
+from serving_durable_server import SIZES, durable_engine, item_name
 from serving_support import is_ready
 
 from genrec import BeamParams, Engine, RecommendRequest
@@ -35,6 +37,7 @@ pytestmark = pytest.mark.skipif(os.name != "posix", reason="kills the server wit
 
 SERVER = Path(__file__).with_name("serving_durable_server.py")
 KILLS = 22  # while updates stream in
+SIZE_LOADED = len(durable_engine().catalog.vocab.index.codes)  # items before any upsert
 STARTUP_KILLS = 3  # while the server starts (replays, cuts a torn tail)
 Update = tuple[str, list]
 
@@ -78,10 +81,13 @@ class Expected:
 
 
 def send(client: httpx.Client, update: Update) -> httpx.Response:
+    """``update`` (in rows) as the HTTP API takes it: items named by their ids."""
     op, data = update
     if op == "upsert":
-        return client.put("/v1/catalog/items", json={"items": data})
-    return client.request("DELETE", "/v1/catalog/items", json={"item_ids": data})
+        items = [{**item, "item_id": item_name(item["item_id"])} for item in data]
+        return client.put("/v1/catalog/items", json={"items": items})
+    return client.request("DELETE", "/v1/catalog/items",
+                          json={"item_ids": [item_name(i) for i in data]})
 
 
 def stream(url: str, expected: Expected, rng: random.Random) -> Update | None:
@@ -113,6 +119,8 @@ def replayed(state: Path, expected: Expected, pending: Update | None) -> Engine:
     codes = current.codes_of(torch.arange(current.num_items)).tolist()
     assert [tuple(c) for c in codes] == expected.codes
     assert set(current.retired()) == expected.retired
+    names = catalog.ids.ids_of(range(len(expected.codes)))
+    assert names == [item_name(i) for i in range(len(expected.codes))]  # new ones included
     return engine
 
 
@@ -122,13 +130,20 @@ def check_served(url: str, engine: Engine, expected: Expected) -> None:
     assert httpx.get(url + "/ready").json()["catalog_version"] == expected.version
     n = len(expected.codes)
     newest = sorted({*range(max(0, n - 12), n), *sorted(expected.retired)[:4]})
+    live_new = [i for i in range(SIZE_LOADED, n) if i not in expected.retired]
+    added = [{"history": [0], "allow": live_new[-1:], "n": 1, "beam_width": 1}] * bool(live_new)
     for body in ({"history": list(range(n - 3, n)), "n": 5, "beam_width": 16},
-                 {"history": [0, n - 1], "allow": newest, "n": 8, "beam_width": 16}):
-        got = httpx.post(url + "/v1/recommend", json=body, timeout=30).json()
+                 {"history": [0, n - 1], "allow": newest, "n": 8, "beam_width": 16}, *added):
+        named = {k: [item_name(i) for i in v] if k in ("history", "allow") else v
+                 for k, v in body.items()}
+        got = httpx.post(url + "/v1/recommend", json=named, timeout=30).json()
         want = engine.recommend([RecommendRequest(body["history"], allow=body.get("allow"))],
                                 BeamParams(body["beam_width"], body["n"]))[0]
-        assert got["items"] == want.items and not expected.retired & set(got["items"])
+        assert got["items"] == [item_name(i) for i in want.items]
+        assert not {item_name(i) for i in expected.retired} & set(got["items"])
         assert got["scores"] == pytest.approx(want.scores, abs=1e-4)
+        if body in added:  # an item added by an upsert, found by its id
+            assert got["items"] == [item_name(live_new[-1])]
 
 
 class Servers:

@@ -71,7 +71,7 @@ def test_catalog_updates_reach_both_processes(served, reference: Engine) -> None
     version = r.json()["catalog_version"]
     got = post(url, "/v1/recommend", {"history": [3], "allow": [N_ITEMS], "n": 1,
                                       "beam_width": 4}).json()
-    assert got == {**got, "items": [N_ITEMS], "catalog_version": version}
+    assert got == {**got, "items": [str(N_ITEMS)], "catalog_version": version}
     first = post(url, "/v1/recommend", {"history": [3, 17, 8]}).json()["items"][0]
     r = httpx.request("DELETE", url + "/v1/catalog/items", json={"item_ids": [first]})
     assert r.status_code == 200 and r.json()["catalog_version"] == version + 1

@@ -33,7 +33,7 @@ def _offline(ensemble: Ensemble, body: dict, catalog) -> tuple[list[int], list[f
                                allow=body.get("allow"))
     rec = ensemble.recommend([request], BeamParams(body["beam_width"], body["n"]),
                              catalog=catalog)[0]
-    return rec.items, rec.scores
+    return [str(i) for i in rec.items], rec.scores  # the test catalog names rows by number
 
 
 @pytest.mark.parametrize("engine_process", [False, True])
@@ -59,7 +59,7 @@ def test_recommend_is_the_offline_ensemble_across_catalog_updates(
         r = httpx.request("DELETE", url + "/v1/catalog/items", json={"item_ids": [first[0]]})
         assert r.status_code == 200, r.text
         state = ensemble.engines[0].catalog.updated([(N_ITEMS, sids[0])]).updated(
-            retire=[first[0]])
+            retire=[int(first[0])])
         for body in BODIES:
             got = post(url, "/v1/recommend", body).json()
             items, scores = _offline(ensemble, body, state)

@@ -40,10 +40,12 @@ from serving_fuzz_server import catalog_dump, tiny_ranker
 from serving_fuzz_strategies import Call, calls
 from serving_support import N_ITEMS, error_message, is_ready, tiny_engine, wait_until
 
+from genrec.catalog.id_map import IdMap
 from genrec.engine.catalog_state import CatalogState
 from genrec.serving import BackgroundServer, create_app
 from genrec.serving.backends import RankerCatalogUpdater
 from genrec.serving.catalog import ServiceCatalog
+from genrec.serving.catalog_ids import to_rows
 from genrec.serving.server import free_port
 
 settings.register_profile(
@@ -134,26 +136,30 @@ def background(url: str, stop: threading.Event, bad: list, count: int = 20_000,
 
 
 def replay(state: CatalogState, active: list[bool], accepted: list[tuple[str, dict, int]]
-           ) -> tuple[CatalogState, list[bool]]:
+           ) -> tuple[CatalogState, list[bool], IdMap]:
     """The accepted updates applied in order as the server applies them: to the generative
     catalog an upsert's Semantic IDs and a retire's ids that it has; to the ranker's table
-    (which items are active) the upsert items it takes and every retired id."""
-    active = list(active)
+    (which items are active) the upsert items it takes and every retired id; the id map the
+    updates grew (an unseen id of an upsert is the next row)."""
+    active, ids = list(active), IdMap.rows_named(len(active))
     for method, body, version in accepted:
+        op = "upsert" if method == "PUT" else "retire"
+        update = to_rows(ids, op, body["items"] if op == "upsert" else body["item_ids"], True)
+        ids = update.ids
         if method == "PUT":
-            items = body["items"]
+            items = update.data
             sids = [(it["item_id"], it.get("semantic_id")) for it in items]
             new = state.updated(sids) if any(s is not None for _, s in sids) else None
             for i in sorted(it["item_id"] for it in items if ServiceCatalog.for_ranker(it)):
                 active += [True] * (i == len(active))
                 active[i] = True
         else:
-            mine = [i for i in body["item_ids"] if 0 <= i < state.num_items]
+            mine = [i for i in update.data if 0 <= i < state.num_items]
             new = state.updated(retire=mine) if mine else None
-            for i in body["item_ids"]:
+            for i in update.data:
                 active[i] = False
         state = state if new is None else new.with_version(version)
-    return state, active
+    return state, active, ids
 
 
 def test_fuzz_every_endpoint(tmp_path: Path) -> None:
@@ -181,8 +187,9 @@ def test_fuzz_every_endpoint(tmp_path: Path) -> None:
             run.fuzz(calls(MISC_METHODS, MISC_PATHS, everything, defs, API, ADMIN), MISC_BUDGET)
             stop.set()
             load.join(60)
-            expected, active = replay(tiny_engine().catalog, [True] * N_ITEMS, run.accepted)
-            check_http_view(http, expected, run.accepted)
+            expected, active, ids = replay(tiny_engine().catalog, [True] * N_ITEMS,
+                                           run.accepted)
+            check_http_view(http, expected, ids, run.accepted)
     finally:
         stop.set()
         server.send_signal(signal.SIGTERM)
@@ -204,7 +211,7 @@ def test_fuzz_every_endpoint(tmp_path: Path) -> None:
     assert json.loads(dump.read_text()) == catalog_dump(expected, versions[-1], active)
 
 
-def check_http_view(http: httpx.Client, expected: CatalogState,
+def check_http_view(http: httpx.Client, expected: CatalogState, ids: IdMap,
                     accepted: list[tuple[str, dict, int]]) -> None:
     """``/ready``'s version is the last accepted update's; a beam as wide as the catalog
     returns exactly its live items (also within an ``allow`` list)."""
@@ -217,9 +224,11 @@ def check_http_view(http: httpx.Client, expected: CatalogState,
     even = list(range(0, expected.num_items, 2))
     for allow, want in ((None, live), (even, [i for i in live if i % 2 == 0])):
         r = http.post("/v1/recommend", headers=auth, json={
-            "history": [0], "n": 1024, "beam_width": 1024, "allow": allow})
+            "history": [0], "n": 1024, "beam_width": 1024,
+            "allow": None if allow is None else ids.ids_of(allow)})
         assert r.status_code == 200, r.text
-        assert sorted(r.json()["items"]) == want and r.json()["catalog_version"] == version
+        got = sorted(ids.rows(r.json()["items"], "items"))
+        assert got == want and r.json()["catalog_version"] == version
 
 
 def test_vectors_that_are_not_numbers() -> None:

@@ -137,8 +137,8 @@ def check(results: list[dict], expected: Expected) -> dict[str, int]:
                                   atol=1e-5), res
         else:
             _, catalog = expected.served.versions[body["catalog_version"]]
-            assert not set(body["items"]) & set(catalog.retired()), res
-            assert body["items"] == items, res
+            assert not {int(i) for i in body["items"]} & set(catalog.retired()), res
+            assert body["items"] == [str(i) for i in items], res
             assert torch.allclose(torch.tensor(body["scores"]), torch.tensor(scores),
                                   atol=1e-4), res
     return counts
@@ -182,7 +182,7 @@ def test_catalog_updates_during_load(roomy: Served, tmp_path: Path) -> None:
         time.sleep(0.02)
     free = [c for c in torch.cartesian_prod(*[torch.arange(k) for k in (5, 4, 3)]).tolist()
             if tuple(c) not in {tuple(r) for r in served.engine.vocab.index.codes.tolist()}]
-    first_items = {i for body in RECOMMEND for i in offline(served.engine, body)[0][:2]}
+    first_items = {int(i) for body in RECOMMEND for i in offline(served.engine, body)[0][:2]}
     retire = sorted(first_items - RANK_ITEMS)
     g = torch.Generator().manual_seed(1)
 

@@ -21,7 +21,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
 import httpx
-from serving_support import N_ITEMS, RECOMMEND, is_ready, post, wait_until
+from serving_support import N_ITEMS, RECOMMEND, is_ready, post, rows, wait_until
 
 from genrec import Engine
 from genrec.model import save_model
@@ -101,7 +101,7 @@ class Writer:
             return
         assert answer.status_code == 200, answer.text
         assert answer.json()["catalog_version"] >= version  # never an older catalog
-        assert set(answer.json()["items"]) & self.own == self.own - self.dead
+        assert set(rows(answer.json()["items"])) & self.own == self.own - self.dead
 
 
 def load(urls: list[str], stop: threading.Event, seen: list[BaseException]) -> None:
@@ -161,7 +161,7 @@ def test_two_servers_on_one_state_directory_agree(tmp_path: Path, engine: Engine
             assert one["items"] == two["items"] and one["catalog_version"] == end_version
             assert one["scores"] == pytest.approx(two["scores"], abs=1e-4)
         dead = set().union(*(w.dead for w in writers))
-        assert set(post(urls[0], "/v1/recommend", WIDE).json()["items"]) == (
+        assert set(rows(post(urls[0], "/v1/recommend", WIDE).json()["items"])) == (
             set(range(N_ITEMS)) - dead)
         at_end = {"min_catalog_version": end_version}
         score = post(urls[1], "/v1/score", {"query": [0, 3, 4], "items": [[6], [8]],

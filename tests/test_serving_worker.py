@@ -93,7 +93,7 @@ def test_prepared_and_plain_catalog_updates(engine: Engine) -> None:
     assert worker.catalog_version == 3  # the item table's: no ranker
     prepared = worker.catalog.prepare("retire", [5])
     changes = worker.run(CatalogUpdate(1), [prepared])
-    assert changes[0].version == 4 and changes[0].catalogs == {"generative": [5]}
+    assert changes[0].version == 4 and changes[0].catalogs == {"generative": ["5"]}
     worker.run(CatalogUpdate(2), [CatalogOp("retire", [6])])
     assert engine.catalog.retired() == [5, 6] and worker.catalog_version == 5
     stats = worker.catalog_stats()

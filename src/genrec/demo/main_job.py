@@ -22,6 +22,7 @@ from genrec.demo.evaluate import Quality, evaluate, heldout_request
 from genrec.demo.synthetic import (
     SyntheticConfig,
     generate,
+    item_name,
     popularity,
     semantic_index,
     split_users,
@@ -162,8 +163,8 @@ def _run(
     server = serving.start_server(engine, port)
     try:
         url = f"{server.url}/v1/recommend"
-        body = {"history": list(request.history), "exclude": list(request.history), "n": k,
-                "beam_width": BEAM_WIDTH}
+        named = [item_name(i) for i in request.history]  # the catalog's own ids
+        body = {"history": named, "exclude": named, "n": k, "beam_width": BEAM_WIDTH}
         sent = time.perf_counter()
         answer = serving.post_json(url, body)
         ms = (time.perf_counter() - sent) * 1e3

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from genrec.demo.synthetic import SyntheticData
+from genrec.demo.synthetic import SyntheticData, item_name, item_row
 from genrec.engine import Engine
 from genrec.serving import BackgroundServer, ServeConfig, create_app
 
@@ -65,7 +65,7 @@ def print_exchange(
 ) -> None:
     """The request and the answer as sent and received, then the answer annotated."""
     clusters = data.item_cluster
-    history = body["history"]
+    history = [item_row(i) for i in body["history"]]
     echo(f"\nsample held-out user {user} (preferred cluster {int(data.preferred[user])}), "
          f"history of {len(history)} items, oldest first; clusters: "
          + " ".join(str(int(clusters[i])) for i in history))
@@ -73,25 +73,28 @@ def print_exchange(
     echo("  " + json.dumps(body))
     echo(f"answer ({ms:.0f} ms):")
     echo("  " + json.dumps(answer))
-    echo(f"  {'rank':>4} {'item':>5} {'cluster':>7} {'score':>8}")
+    echo(f"  {'rank':>4} {'item':>10} {'cluster':>7} {'score':>8}")
     current = int(clusters[history[-1]])
-    for rank, (item, score) in enumerate(zip(answer["items"], answer["scores"], strict=True), 1):
+    items = [item_row(i) for i in answer["items"]]
+    for rank, (item, score) in enumerate(zip(items, answer["scores"], strict=True), 1):
         note = ""
         if item == target:
             note = "<- true next item (held out)"
         elif int(clusters[item]) == current:
             note = "same cluster as last item"
-        echo(f"  {rank:>4} {item:>5} {int(clusters[item]):>7} {score:>8.3f}  {note}".rstrip())
-    if target not in answer["items"]:
-        echo(f"  (the true next item, {target}, cluster {int(clusters[target])}, is not in "
-             f"this top {len(answer['items'])})")
+        echo(f"  {rank:>4} {item_name(item):>10} {int(clusters[item]):>7} {score:>8.3f}  "
+             f"{note}".rstrip())
+    if target not in items:
+        echo(f"  (the true next item, {item_name(target)}, cluster {int(clusters[target])}, "
+             f"is not in this top {len(items)})")
 
 
 def print_next_steps(echo: Echo, out: Path) -> None:
     """How to run the same thing on your own data and model."""
-    body = json.dumps({"history": [12, 7, 3], "n": 10})
+    body = json.dumps({"history": ["B0002L5R78", "B000FQ2JLW", "B0006GVNOA"], "n": 10})
     echo("\nyour own data and model (DATA: a folder of *.inter.json [+ *.item.json]; or "
-         "--interactions FILE.csv [--items FILE.csv] instead of --data):")
+         "--interactions FILE.csv [--items FILE.csv] instead of --data); requests and "
+         "answers name items by your table's item ids:")
     echo("  genrec index --data DATA --from-text --out runs/my/index.json")
     echo("  genrec train generative --data DATA --index runs/my/index.json --out runs/my/model")
     echo("      (add --init-from HF_CHECKPOINT to fine-tune a pretrained decoder)")

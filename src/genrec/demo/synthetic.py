@@ -109,8 +109,19 @@ def _user_sequence(
     return seq
 
 
+def item_name(row: int) -> str:
+    """The id the synthetic catalog gives the item in ``row``, as a real table would name it."""
+    return f"song-{row:05d}"
+
+
+def item_row(name: str) -> int:
+    """The row of the synthetic item named ``name`` (:func:`item_name`)."""
+    return int(name.removeprefix("song-"))
+
+
 def semantic_index(data: SyntheticData) -> SemanticIndex:
-    """The 2-level Semantic IDs of the items: level 0 = cluster, level 1 = rank inside it.
+    """The 2-level Semantic IDs of the items: level 0 = cluster, level 1 = rank inside it;
+    the items named by :func:`item_name`.
 
     Clusters are contiguous, so an item's rank is its offset from the cluster's first item;
     the level-1 codebook is as large as the largest cluster.
@@ -121,6 +132,7 @@ def semantic_index(data: SyntheticData) -> SemanticIndex:
     index = SemanticIndex(
         torch.stack([clusters, rank], dim=1),
         [data.config.num_clusters, int(rank.max()) + 1],
+        [item_name(i) for i in range(clusters.numel())],
         meta={"method": "synthetic clusters: (cluster, rank inside the cluster)"},
     )
     index.validate()

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
+from genrec.catalog.id_map import check_rows
 from genrec.catalog.item_table import ItemTable
 from genrec.duolm.encoder import ItemEncoder, compute_features
 from genrec.duolm.prompts import SOFT_ID, YES_ID, StudentPrompts, TeacherPrompts
@@ -50,11 +51,7 @@ class Prompts(Protocol):
 
 def _check_ids(ids: Sequence[int], num_items: int, active: torch.Tensor | None,
                field: str) -> None:
-    for i in ids:
-        if isinstance(i, bool) or not isinstance(i, int):
-            raise InputError(f"{field}: item ids must be integers, got {i!r}")
-        if not 0 <= i < num_items:  # checked in Python: an id past int64 cannot be a tensor
-            raise InputError(f"{field}: unknown item id {i} (catalog has 0..{num_items - 1})")
+    check_rows(ids, num_items, field, InputError)  # in Python: past int64 is no tensor
     t = torch.tensor(list(ids), dtype=torch.long)
     if active is not None and t.numel() and not bool(active[t].all()):
         raise InputError(f"{field}: item {int(t[~active[t]][0])} is retired from the catalog")

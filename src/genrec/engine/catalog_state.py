@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from genrec.catalog.filters import PartFilter, dead_edges, padded_ranks
+from genrec.catalog.id_map import check_rows
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.catalog.trie import SemanticTrie
 from genrec.engine.catalog_update import apply_update, compact, member, rebase
@@ -108,10 +109,7 @@ class CatalogState:
 
     def check_items(self, items: Sequence[int], field: str) -> None:
         """Raise ValueError naming ``field`` when an item id is not in the catalog."""
-        n = self.num_items
-        for i in items:
-            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
-                raise ValueError(f"{field}: unknown item id {i!r} (catalog has 0..{n - 1})")
+        check_rows(items, self.num_items, field)
 
     def codes_of(self, items: torch.Tensor | Sequence[int]) -> torch.Tensor:
         """Current Semantic IDs of valid item ids [...] -> int64 [..., L] (CPU)."""

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from genrec.catalog.filters import dead_edges
+from genrec.catalog.id_map import check_rows
 from genrec.catalog.trie import SemanticTrie
 
 if TYPE_CHECKING:
@@ -91,9 +92,7 @@ def apply_update(
                              f"comes next, got {item})")
     total = n + len(new_ids)
     for k, item in enumerate(retire):
-        if isinstance(item, bool) or not isinstance(item, int) or not 0 <= item < total:
-            raise ValueError(f"{retire_field}[{k}]: unknown item id {item!r} (the generative "
-                             f"catalog has 0..{total - 1})")
+        check_rows([item], total, f"{retire_field}[{k}]")
     _check_unique(state, rows, upsert_field)
     order = sorted(rows)
     changed = torch.tensor(order, dtype=torch.int64)

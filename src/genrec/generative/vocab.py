@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from genrec.catalog.id_map import check_rows
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.utils.atomic import atomic_write_json
 
@@ -106,10 +107,7 @@ class SidVocab:
 
     def check_items(self, items: Sequence[int], field: str) -> None:
         """Raise ValueError naming ``field`` when an item id is not in the index."""
-        n = self.index.num_items
-        for i in items:
-            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
-                raise ValueError(f"{field}: unknown item id {i!r} (catalog has 0..{n - 1})")
+        check_rows(items, self.index.num_items, field)
 
     def prompt(self, history: Sequence[int], soft_token: bool = False,
                truncate: bool = True, text: Sequence[int] | None = None) -> list[int]:

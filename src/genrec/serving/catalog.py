@@ -51,8 +51,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from genrec.catalog.id_map import IdMap
 from genrec.serving.catalog_base import CatalogBase, install_base, install_updates, ranker_part
 from genrec.serving.catalog_follow import LogFollower, LogTail, StoredCatalog, read_followed
+from genrec.serving.catalog_ids import RowUpdate, logged_rows, model_ids, to_rows
 from genrec.serving.catalog_items import SemanticIds, check_items, split_items
 from genrec.serving.catalog_log import CatalogLog, FoldPolicy
 from genrec.serving.catalog_log_format import CatalogLogError, LogRecord
@@ -71,25 +73,26 @@ logger = logging.getLogger("genrec.serving")
 @dataclass(frozen=True)
 class PreparedUpdate:
     """An update checked and its next generative state built (:meth:`ServiceCatalog.prepare`)
-    from ``base``, the state installed then; ``state`` is ``None`` when the generative catalog
-    does not change, ``generative`` the item ids it takes, ``ranker`` the items of an
-    upsert for the ranker's updater."""
+    from ``base`` and ``base_ids``, the state and id map installed then: ``data`` as given
+    (the table's ids), ``rows`` the same in rows; ``state`` is ``None`` when the generative
+    catalog does not change, ``generative`` the rows it takes."""
 
     op: str
     data: list
     base: CatalogState | None
+    base_ids: IdMap
+    rows: RowUpdate
     state: CatalogState | None
     generative: list[int]
-    ranker: list[dict[str, Any]] | None = None
 
 
 @dataclass
 class CatalogChange:
     """The result of one update: the new service catalog version, and for each catalog that
-    changed (``"generative"``, ``"ranker"``) the item ids it took."""
+    changed (``"generative"``, ``"ranker"``) the item ids (the table's) it took."""
 
     version: int
-    catalogs: dict[str, list[int]] = field(default_factory=dict)
+    catalogs: dict[str, list[str]] = field(default_factory=dict)
 
 
 class ServiceCatalog:
@@ -102,12 +105,16 @@ class ServiceCatalog:
     compaction (``None``: :func:`~genrec.serving.compaction.compaction_threshold` of the
     catalog size; 0: never compact). ``log``: the durable log every update is appended to
     (its version must be ``version``; ``None``: updates live in memory only; see
-    :meth:`from_dir`)."""
+    :meth:`from_dir`). ``ids``: the table's ids of the catalogs as loaded (default
+    :func:`~genrec.serving.catalog_ids.model_ids` of the engine); :attr:`ids` is the map of
+    the catalog served, installed with each update's state."""
 
     def __init__(self, engine: Engine, ranker_updater: CatalogUpdater | None = None,
                  version: int = 0, compact_threshold: int | None = None,
-                 log: CatalogLog | None = None) -> None:
+                 log: CatalogLog | None = None, ids: IdMap | None = None) -> None:
         self.engine, self.ranker_updater = engine, ranker_updater
+        self.loaded_ids = ids if ids is not None else model_ids(engine)
+        self.ids = self.loaded_ids  # the served catalog's: swapped with its state, under _lock
         self._version = int(version)
         self._lock = threading.Lock()  # serialises updates (and installs); readers never wait
         self.compactor = Compactor(engine, self._lock, compact_threshold)
@@ -122,7 +129,7 @@ class ServiceCatalog:
     def from_dir(cls, engine: Engine, ranker_updater: CatalogUpdater | None,
                  state_dir: str | Path, version: int = 0, compact_threshold: int | None = None,
                  fold: FoldPolicy | None = None, writable: bool = True,
-                 follow: bool = False) -> ServiceCatalog:
+                 follow: bool = False, ids: IdMap | None = None) -> ServiceCatalog:
         """The catalog kept in ``state_dir``: its base and logged updates replayed onto the
         catalogs as ``engine`` and the ranker loaded them, the version restored; later updates
         are logged there. ``version``: where a new directory starts (an existing one's wins).
@@ -138,10 +145,10 @@ class ServiceCatalog:
         else:
             log, (stored, position) = None, read_followed(state_dir, version)
         try:
-            catalog = cls(engine, ranker_updater, stored.after, compact_threshold)
+            catalog = cls(engine, ranker_updater, stored.after, compact_threshold, ids=ids)
             catalog._pinned = True
             if stored.base is not None:
-                install_base(stored.base, engine, ranker_updater)
+                catalog._install_base(stored.base)
             refused = catalog._replay(stored, Path(state_dir))
             if follow:
                 catalog.follower = LogFollower(LogTail(state_dir, position))
@@ -173,12 +180,16 @@ class ServiceCatalog:
                 if record.op == "upsert":
                     self.check(record.data)
             if head:
+                ids = self.ids
+                for r in head:
+                    ids = logged_rows(ids, r.data, r.ids).ids
                 with self._lock:
                     install_updates([(r.op, r.data) for r in head], head[-1].version,
                                     self.engine, self.ranker_updater, str(where))
-                    self._version = head[-1].version
+                    self._version, self.ids = head[-1].version, ids
                     self.compactor.maybe_start()
-            prepared = [self.prepare(r.op, r.data) for r in last]
+            prepared = [self._prepared(r.op, r.data, logged_rows(self.ids, r.data, r.ids))
+                        for r in last]
         except (LookupError, ValueError) as err:  # each was validated before it was logged
             raise CatalogLogError(f"{where}: {span} cannot be replayed here: {err}") from err
         for record, update in zip(last, prepared, strict=True):
@@ -194,6 +205,16 @@ class ServiceCatalog:
     def catalog_version(self) -> int:
         """The version being served."""
         return self._version
+
+    def _install_base(self, base: CatalogBase) -> None:
+        # both catalogs and the id map as of a logged base (under the lock, or before use)
+        ids = self.loaded_ids.extended(list(base.ids))
+        install_base(base, self.engine, self.ranker_updater)
+        state = self.engine.catalog
+        if state is not None and state.num_items != len(ids):
+            raise CatalogLogError(f"base-{base.version}.pt: {state.num_items} items and "
+                                  f"{len(ids)} item ids")
+        self.ids = ids
 
     def snapshot(self) -> tuple[int, Any]:
         """The version served and the engine's generative catalog state of that version,
@@ -225,7 +246,7 @@ class ServiceCatalog:
         """Add or replace items (see the module docstring); returns the change."""
         return self.apply(("upsert", items))
 
-    def retire(self, item_ids: list[int]) -> CatalogChange:
+    def retire(self, item_ids: list[str | int]) -> CatalogChange:
         """Retire items from the generative catalog (the ids it has; every id when there is no
         ranker) and from the ranker (every id)."""
         return self.apply(("retire", list(item_ids)))
@@ -241,47 +262,54 @@ class ServiceCatalog:
         """Validate an update (``op`` ``"upsert"``: item dicts, ``"retire"``: item ids) and
         build the next generative state from the installed one, installing nothing: on any
         thread, concurrently with the engine's batches, so that :meth:`apply` (between
-        batches) only swaps it in. Raises ``ValueError`` naming the field."""
+        batches) only swaps it in. Raises ``ValueError`` naming the field (and the ids)."""
         data = list(data)
-        ranker_items = self._checked(op, data)
-        base = self.engine.catalog
-        state, mine = self._generative(op, data, base)
-        return PreparedUpdate(op, data, base, state, mine, ranker_items)
+        self._checked(op, data)
+        return self._prepared(op, data, to_rows(self.ids, op, data, self.generative))
+
+    def _prepared(self, op: str, data: list, rows: RowUpdate) -> PreparedUpdate:
+        # the next generative state of ``rows`` (the update in rows), built on the installed
+        # state; ``rows.ids`` must be built on the installed id map
+        base_ids, base = self.ids, self.engine.catalog
+        state, mine = self._generative(op, rows.data, base)
+        return PreparedUpdate(op, data, base, base_ids, rows, state, mine)
 
     def apply(self, update: PreparedUpdate | tuple[str, list]) -> CatalogChange:
         """Run an update (``(op, data)`` or :meth:`prepare`'s result) on both catalogs, all or
         nothing, under the next version. A prepared generative state is installed as built
         when the installed state is still the one it was built on (else it is rebuilt)."""
         if isinstance(update, PreparedUpdate):
-            op, data, ranker_items = update.op, update.data, update.ranker
+            op, data = update.op, update.data
         else:
             op, data = update[0], list(update[1])
-            ranker_items = self._checked(op, data)
+            self._checked(op, data)
         with self._lock, self._writing():
             if self.follower is not None and self.log is None:
                 return self._mirrored(op, data)
-            if isinstance(update, PreparedUpdate) and update.base is self.engine.catalog:
-                state, mine = update.state, update.generative
-            else:
-                state, mine = self._generative(op, data, self.engine.catalog)
+            if not (isinstance(update, PreparedUpdate) and update.base is self.engine.catalog
+                    and update.base_ids is self.ids):  # built on another state: again
+                update = self._prepared(op, data, to_rows(self.ids, op, data, self.generative))
+            rows, state = update.rows, update.state
+            ranker_items = self._ranker_items(op, rows.data)
             version = self._version + 1
             if self.log is not None:  # on disk before anything is installed
-                self.log.append(LogRecord(version, op, data))
+                self.log.append(LogRecord(version, op, rows.data, rows.added))
             try:
-                reported = self._rank(op, data, ranker_items)
+                reported = self._rank(op, rows.data, ranker_items)
             except BaseException:
                 if self.log is not None:  # refused: no record of it stays
                     self.log.discard_last()
                 raise
-            change = self._commit(state, reported, version)
+            change = self._commit(state, reported, version, rows.ids)
             if self.follower is not None:
                 self.follower.tail.state = self.log.tail_state()
+        names = rows.ids.ids_of
         if state is not None:
-            change.catalogs[GENERATIVE] = mine
+            change.catalogs[GENERATIVE] = names(update.generative)
         if op == "upsert" and ranker_items:
-            change.catalogs[RANKER] = [it["item_id"] for it in ranker_items]
+            change.catalogs[RANKER] = names(it["item_id"] for it in ranker_items)
         elif op == "retire" and self.ranker_updater is not None:
-            change.catalogs[RANKER] = data
+            change.catalogs[RANKER] = names(rows.data)
         return change
 
     def _rank(self, op: str, data: list, ranker_items: list[dict[str, Any]] | None) -> Any:
@@ -308,16 +336,17 @@ class ServiceCatalog:
     def install_base(self, base: CatalogBase) -> None:
         """Replace both catalogs by a logged ``base`` (a follower behind a fold; under the
         lock)."""
-        install_base(base, self.engine, self.ranker_updater)
+        self._install_base(base)
         self._version = base.version
 
     def install_logged(self, record: LogRecord) -> None:
         """Apply an update another process logged, as its ``record`` says (a follower; under
         the lock). Raises ``ValueError`` when these catalogs refuse it."""
-        items = self._checked(record.op, record.data)
+        rows = logged_rows(self.ids, record.data, record.ids)
+        self._checked(record.op, record.data)
         state, _ = self._generative(record.op, record.data, self.engine.catalog)
-        reported = self._rank(record.op, record.data, items)
-        self._commit(state, reported, record.version, fold=False)
+        reported = self._rank(record.op, record.data, self._ranker_items(record.op, record.data))
+        self._commit(state, reported, record.version, rows.ids, fold=False)
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[None]:
@@ -337,20 +366,22 @@ class ServiceCatalog:
         # a follower that does not write: the update was logged by the process that does (an
         # engine process); its version is the log's
         self.follower.catch_up(self)
-        version = self.follower.logged(op, data)
+        version = self.follower.logged(op, to_rows(self.ids, op, data, self.generative).data)
         if version is None:
             raise RuntimeError(f"{self.follower.tail.path}: the update is not in the log "
                                f"(version {self._version})")
         return CatalogChange(version)
 
-    def _checked(self, op: str, data: list) -> list[dict[str, Any]] | None:
-        # the input checks that need no catalog state; the ranker's items of an upsert
+    def _checked(self, op: str, data: list) -> None:
+        # the input checks that need no catalog state
         if op not in ("upsert", "retire"):
             raise RuntimeError(f"unknown catalog operation {op!r}")
-        if op == "retire":
-            return None
-        self.check_input(data)
-        return self.split(data)[1]
+        if op == "upsert":
+            self.check_input(data)
+
+    def _ranker_items(self, op: str, rows: list) -> list[dict[str, Any]] | None:
+        # the ranker's items of an upsert (in rows)
+        return self.split(rows)[1] if op == "upsert" else None
 
     def _generative(self, op: str, data: list, catalog: CatalogState | None
                     ) -> tuple[CatalogState | None, list[int]]:
@@ -368,17 +399,19 @@ class ServiceCatalog:
             mine = [i for i in data if 0 <= i < n]
         return (catalog.updated(retire=mine) if mine else None), mine
 
-    def _commit(self, state: Any, reported: Any, version: int, fold: bool = True
+    def _commit(self, state: Any, reported: Any, version: int, ids: IdMap, fold: bool = True
                 ) -> CatalogChange:
-        """Install the generative ``state`` (if any) under ``version`` (or the ranker's
-        ``reported`` one, if later and versions are not pinned); under the lock, after every
-        fallible step. ``fold``: a fold of the log may start (after an update logged here)."""
+        """Install the generative ``state`` (if any) and the id map ``ids`` under ``version``
+        (or the ranker's ``reported`` one, if later and versions are not pinned); under the
+        lock, after every fallible step. ``fold``: a fold of the log may start (after an
+        update logged here)."""
         if reported is not None and not self._pinned:
             reported = reported.version if isinstance(reported, CatalogChange) else reported
             version = max(version, int(reported))
         if state is not None:
             self.engine.set_catalog(state.with_version(version))  # the one swap readers see
             self.compactor.maybe_start()
+        self.ids = ids  # after the state: a request's ids never name rows it lacks
         self._version = version
         if fold and self.folder is not None:
             self.folder.maybe_start(self.engine.catalog)

@@ -56,12 +56,14 @@ class GenerativeBase:
 
 @dataclass(frozen=True)
 class CatalogBase:
-    """The catalog as of ``version``: the generative part (``None``: none) and the ranker's
-    net changes per item id."""
+    """The catalog as of ``version``: the generative part (``None``: none), the ranker's
+    net changes per item row, and the table ids added since the model's (rows N, N+1, ... of
+    the id map)."""
 
     version: int
     generative: GenerativeBase | None
     ranker: Mapping[int, RankerItem] = field(default_factory=dict)
+    ids: tuple[str, ...] = ()
 
 
 def ranker_part(item: dict[str, Any]) -> dict[str, Any] | None:
@@ -123,7 +125,8 @@ def write_base(directory: Path, base: CatalogBase) -> Path:
             "codes": gen.codes if gen else None, "retired": gen.retired if gen else None,
             "codebook_sizes": list(gen.codebook_sizes) if gen else None,
             "ranker": {int(i): {"data": r.data, "retired": r.retired}
-                       for i, r in base.ranker.items()}}
+                       for i, r in base.ranker.items()},
+            "ids": list(base.ids)}
     path = directory / f"base-{base.version}.pt"
     atomic_write(path, lambda tmp: torch.save(data, tmp))
     sync_dir(directory)
@@ -141,7 +144,10 @@ def read_base(path: Path) -> CatalogBase:
             gen = GenerativeBase(data["codes"], tuple(data["codebook_sizes"]), data["retired"])
         ranker = {int(i): RankerItem(r["data"], bool(r["retired"]))
                   for i, r in data["ranker"].items()}
-        return CatalogBase(int(data["version"]), gen, ranker)
+        ids = tuple(data.get("ids", ()))
+        if not all(isinstance(i, str) for i in ids):
+            raise ValueError("ids: not a list of item ids")
+        return CatalogBase(int(data["version"]), gen, ranker, ids)
     except Exception as err:  # noqa: BLE001 - any unreadable file is reported the same way
         raise CatalogLogError(f"{path}: not a readable catalog base ({err})") from err
 

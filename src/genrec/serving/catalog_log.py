@@ -232,7 +232,7 @@ class CatalogLog:
         """Write ``record`` (the next version) durably: returns once it is fsynced."""
         if record.op not in OPS:
             raise ValueError(f"unknown catalog operation {record.op!r}")
-        body = frame({"version": record.version, "op": record.op, "data": record.data})
+        body = frame(record.payload())
         with self._mutex:
             self._usable()
             if record.version != self._version + 1:
@@ -298,12 +298,15 @@ class CatalogLog:
         if self._base_version is not None and mark.version <= self._base_version:
             return False
         scan = scan_log(self.path, mark.offset)
-        net = {}
+        net, ids = {}, ()
         if self._base_version is not None:
-            net = read_base(base_files(self.directory)[self._base_version]).ranker
+            before = read_base(base_files(self.directory)[self._base_version])
+            net, ids = before.ranker, before.ids
         done = self._base_version if self._base_version is not None else scan.header["after"]
-        net = fold_ranker(net, ((r.op, r.data) for _, r in scan.records if r.version > done))
-        write_base(self.directory, CatalogBase(mark.version, generative, net))
+        records = [r for _, r in scan.records if r.version > done]
+        net = fold_ranker(net, ((r.op, r.data) for r in records))
+        ids = (*ids, *(i for r in records for i in r.ids))
+        write_base(self.directory, CatalogBase(mark.version, generative, net, ids))
         with self._mutex:  # no append runs during the swap: none is lost
             self._usable()
             try:  # a failure may leave the handle on the replaced file: then stop appending

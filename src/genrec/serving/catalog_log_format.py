@@ -5,9 +5,11 @@ CRC32 of the payload (uint32 LE) | payload``, the payload ASCII JSON (so the mag
 bytes >= 0x80, never occurs inside one: a scan finds where records start). The first record
 is the header ``{"format": 1, "after": V, "base": bool}``: the records follow version V (the
 version of ``base-V.pt`` when ``base``, else of the catalogs the server loads itself). Each
-other record is one update, ``{"version": v, "op": "upsert" | "retire", "data": [...]}``
-(upsert: the item dicts as the service took them, ``semantic_id`` and ranker fields included;
-retire: item ids), versions V+1, V+2, ... one by one.
+other record is one update, ``{"version": v, "op": "upsert" | "retire", "data": [...],
+"ids": [...]}`` in rows (upsert: the item dicts as the service took them, ``semantic_id`` and
+ranker fields included, ``item_id`` the item's row; retire: rows), ``ids`` the table ids the
+update added (rows N, N+1, ... of the id map; omitted when none), versions V+1, V+2, ... one
+by one.
 
 Reading (:func:`scan_log`): a record at the tail that is cut short or fails its checksum is a
 write a crash interrupted (a torn tail: reported, not raised); a bad record followed by a good
@@ -38,11 +40,17 @@ class CatalogLogError(RuntimeError):
 @dataclass(frozen=True)
 class LogRecord:
     """One update: the ``version`` it produces, ``op`` (``"upsert"``: ``data`` item dicts,
-    ``"retire"``: item ids)."""
+    ``"retire"``: item rows), the table ids it adds to the id map (``ids``)."""
 
     version: int
     op: str
     data: list
+    ids: tuple[str, ...] = ()
+
+    def payload(self) -> dict[str, Any]:
+        """The record as it is framed."""
+        out = {"version": self.version, "op": self.op, "data": self.data}
+        return out | ({"ids": list(self.ids)} if self.ids else {})
 
 
 @dataclass(frozen=True)
@@ -122,12 +130,14 @@ def scan_records(buf: bytes, at: int, expected: int, path: Path, base: int = 0
             break  # a torn tail: the write a crash interrupted (or one under way)
         payload, end = got
         version, op, data = payload.get("version"), payload.get("op"), payload.get("data")
-        if not isinstance(version, int) or op not in OPS or not isinstance(data, list):
+        ids = payload.get("ids", [])
+        if (not isinstance(version, int) or op not in OPS or not isinstance(data, list)
+                or not isinstance(ids, list) or not all(isinstance(i, str) for i in ids)):
             raise CatalogLogError(f"{path}: offset {base + at}: not a catalog update record")
         if version != expected:
             how = "goes back" if version < expected else "skips versions"
             raise CatalogLogError(f"{path}: offset {base + at}: version {version} {how} "
                                   f"(version {expected} comes next)")
-        records.append((base + at, LogRecord(version, op, data)))
+        records.append((base + at, LogRecord(version, op, data, tuple(ids))))
         expected, at = version + 1, end
     return tuple(records), base + at

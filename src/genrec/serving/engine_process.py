@@ -38,6 +38,7 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
+from genrec.catalog.id_map import IdMap
 from genrec.serving.catalog import PreparedUpdate
 from genrec.serving.compaction import CatalogStats, CompactionEvent
 from genrec.serving.messages import Batch, CatalogOp, CatalogUpdate, Message, Reply
@@ -135,6 +136,11 @@ class EngineProcess:
     def catalog_version(self) -> int:
         """The one catalog version (the child's, mirrored here)."""
         return self.local.catalog_version
+
+    @property
+    def ids(self) -> IdMap:
+        """The table's item ids (the local copy's, mirrored from the child's log)."""
+        return self.local.ids
 
     def sync(self, timeout_s: float | None = None) -> int:
         """The local worker's :meth:`~genrec.serving.worker.Worker.sync` (its copy follows

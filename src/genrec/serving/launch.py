@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genrec.serving.catalog import ServiceCatalog
+from genrec.serving.catalog_ids import model_ids
 from genrec.serving.worker import BatchWorker, Worker, initial_version
 from genrec.utils.device import resolve_device
 
@@ -142,7 +143,8 @@ def build_worker(parts: Components, config: ServeConfig, writable: bool = True) 
         catalog = ServiceCatalog.from_dir(
             parts.engine, parts.updater, config.catalog_state,
             version=initial_version(parts.engine, parts.ranker),
-            compact_threshold=config.compact_threshold, writable=writable, follow=True)
+            compact_threshold=config.compact_threshold, writable=writable, follow=True,
+            ids=model_ids(parts.engine, parts.ranker))
     return Worker(parts.engine, parts.ranker, catalog, config.compact_threshold, parts.ensemble)
 
 

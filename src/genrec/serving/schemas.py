@@ -1,6 +1,12 @@
 """Request and response bodies of the HTTP API (pydantic models).
 
-Bodies are validated strictly: item and token ids must be JSON integers (``true`` or ``1.5``
+Items are named by the ids of the catalog's own table (:mod:`genrec.catalog.id_map`): a JSON
+string, or a JSON integer naming the same id (``1`` and ``"1"`` are one item); answers name
+items by their string ids. Unknown ids in ``history`` and ``exclude`` are skipped and listed
+in the answer's ``ignored``; in ``allow``, ``candidates`` and retires they are an error (422
+naming the field and the ids).
+
+Bodies are validated strictly: token ids must be JSON integers (``true`` or ``1.5``
 are rejected), floats must be finite (``NaN`` and ``Infinity``, which Python's JSON reader
 accepts, are rejected), lists have upper bounds, and unknown fields are errors except in the
 OpenAI/SGLang-compatible bodies, whose clients send extra fields.
@@ -19,7 +25,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictInt
+
+from genrec.catalog.id_map import check_key
 
 # Upper bounds on list lengths: a request larger than these is rejected before any work.
 MAX_HISTORY = 4096
@@ -34,7 +42,8 @@ MAX_SID_LEVELS = 64
 
 # ids beyond int64 are refused here (422 naming the field), before any tensor is built
 INT64_END = 2**63
-ItemId = Annotated[StrictInt, Field(ge=0, lt=INT64_END)]
+# an item id: a string, or an integer naming its decimal string (parsed to the string)
+ItemId = Annotated[str, PlainValidator(check_key, json_schema_input_type=str | int)]
 TokenId = Annotated[StrictInt, Field(ge=0, lt=INT64_END)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 UserVector = Annotated[list[Finite], Field(min_length=1, max_length=MAX_USER_DIM)]
@@ -68,12 +77,14 @@ class RecommendBody(_Strict):
 
 
 class RecommendResponse(BaseModel):
-    """Items best first, their scores (summed log-probabilities, or ranker scores when
-    reranked), and the catalog version they were computed against."""
+    """Items best first (their ids), their scores (summed log-probabilities, or ranker scores
+    when reranked), the catalog version they were computed against, and the request's
+    ``history`` / ``exclude`` ids the catalog does not have (skipped)."""
 
-    items: list[int]
+    items: list[str]
     scores: list[float]
     catalog_version: int
+    ignored: list[str] = []
 
 
 class RankBody(_Strict):
@@ -87,10 +98,12 @@ class RankBody(_Strict):
 
 
 class RankResponse(BaseModel):
-    """One score per candidate, in the request's order (higher is better)."""
+    """One score per candidate, in the request's order (higher is better); ``ignored``: the
+    ``history`` ids the catalog does not have (skipped)."""
 
     scores: list[float]
     catalog_version: int
+    ignored: list[str] = []
 
 
 TokenList = Annotated[list[TokenId], Field(max_length=MAX_TOKENS)]
@@ -153,7 +166,7 @@ class CompletionChoice(BaseModel):
 
     index: int
     text: str
-    item_id: int
+    item_id: str
     score: float
     logprobs: dict[str, Any] | None = None
     finish_reason: str = "length"
@@ -188,7 +201,8 @@ class ModelList(BaseModel):
 
 
 class CatalogItem(BaseModel):
-    """One item to add or replace.
+    """One item to add or replace: ``item_id`` is its id in the catalog's table; an id the
+    catalog does not have adds an item (with its ``semantic_id`` on a generative model).
 
     ``semantic_id`` (one code per level): the item joins the generative catalog (Semantic-ID
     index and trie), so ``/v1/recommend`` can return it; it must not be another item's. An
@@ -225,7 +239,7 @@ class CatalogResponse(BaseModel):
 
     catalog_version: int
     count: int
-    catalogs: dict[str, list[int]]
+    catalogs: dict[str, list[str]]
 
 
 class ErrorResponse(BaseModel):

@@ -130,28 +130,42 @@ class Service:
                            exclude: list[int] | None = None, allow: list[int] | None = None,
                            field: str = "history", text: list[int] | None = None
                            ) -> RecommendRequest:
-        n_items = self._catalog().num_items
-        for name, items in ((field, history), ("exclude", exclude), ("allow", allow)):
-            # plain Python: a tensor op per request would contend with the engine thread
-            bad = [i for i in items or () if not 0 <= i < n_items]
-            if bad:
-                raise ValueError(f"{name}: unknown item id {bad[0]} (catalog has "
-                                 f"0..{n_items - 1})")
+        # ``history``, ``exclude`` and ``allow`` in rows (see :meth:`_rows`)
+        self._catalog()
         if not history and user_vector is None and not text:
             raise ValueError(f"{field}: empty history and no user_vector")
         self._check_user_vector(user_vector)
         return RecommendRequest(history=history, user_vector=user_vector, exclude=exclude,
                                 allow=allow, text=text)
 
+    def _history(self, body: S.RecommendBody | S.RankBody, ignored: list[str]) -> list[int]:
+        """The rows of a body's known ``history`` items (the unknown ones added to
+        ``ignored``); raises ``ValueError`` when there were items and none is known, and the
+        body has no user vector."""
+        rows, unknown = self.worker.ids.known(body.history, "history")
+        ignored.extend(unknown)
+        if body.history and not rows and body.user_vector is None:
+            raise ValueError(f"history: none of its {len(body.history)} items is in the "
+                             f"catalog ({unknown[:10]}), and there is no user_vector: "
+                             f"nothing to recommend from")
+        return rows
+
     async def recommend(self, body: S.RecommendBody, deadline_ms: float | None) -> dict:
-        """Top-n items by constrained beam search, or retrieve-then-rank with ``rerank``."""
+        """Top-n items by constrained beam search, or retrieve-then-rank with ``rerank``; the
+        answer's ``ignored`` lists the ``history`` and ``exclude`` ids not in the catalog."""
         if body.n > body.beam_width:
             raise ValueError(f"n: {body.n} must not exceed beam_width ({body.beam_width})")
         if body.rerank and self.ranker is None:
             raise ApiError(400, "rerank: no ranker loaded")
         await self.caught_up(body.min_catalog_version, deadline_ms)
-        request = self._recommend_request(body.history, body.user_vector, body.exclude,
-                                          body.allow)
+        ids, ignored = self.worker.ids, []
+        history = self._history(body, ignored)
+        exclude = None
+        if body.exclude is not None:
+            exclude, unknown = ids.known(body.exclude, "exclude")
+            ignored.extend(unknown)
+        allow = ids.rows(body.allow, "allow") if body.allow is not None else None
+        request = self._recommend_request(history, body.user_vector, exclude, allow)
         n = body.beam_width if body.rerank else body.n
         for attempt in range(3):
             found = await self.scheduler.submit(RecommendBatch(body.beam_width, n), request,
@@ -159,9 +173,11 @@ class Service:
             rec = found.value
             version = self.fresh(found.catalog_version, body.min_catalog_version)
             if not body.rerank:
-                return {"items": rec.items, "scores": rec.scores, "catalog_version": version}
+                return {"items": self.worker.ids.ids_of(rec.items), "scores": rec.scores,
+                        "catalog_version": version, "ignored": ignored}
             try:
-                return await self.rerank_retrieved(body, rec.items, deadline_ms)
+                return await self.rerank_retrieved(request, body, rec.items, ignored,
+                                                   deadline_ms)
             except ValueError:
                 # a catalog update between retrieval and ranking retired a retrieved item:
                 # retrieve again from the new catalog
@@ -169,17 +185,21 @@ class Service:
                     raise
         raise AssertionError("unreachable")
 
-    async def rerank_retrieved(self, body: S.RecommendBody, items: list[int],
+    async def rerank_retrieved(self, retrieved: RecommendRequest, body: S.RecommendBody,
+                               items: list[int], ignored: list[str],
                                deadline_ms: float | None) -> dict:
-        """Rerank hook: order the retrieved ``items`` by the ranker's scores, keep ``body.n``."""
+        """Rerank hook: order the retrieved ``items`` (rows) by the ranker's scores for the
+        user of ``retrieved``, keep ``body.n``."""
         if not items:
-            return {"items": [], "scores": [], "catalog_version": self.catalog_version()}
-        request = RankRequest(history=body.history, candidates=items,
+            return {"items": [], "scores": [], "catalog_version": self.catalog_version(),
+                    "ignored": ignored}
+        request = RankRequest(history=retrieved.history, candidates=items,
                               user_vector=body.user_vector)
         ranked = await self.scheduler.submit(RankBatch(), request, deadline_ms)
         values = torch.as_tensor(ranked.value, dtype=torch.float32).reshape(-1)
         top = torch.argsort(values, descending=True, stable=True)[: body.n].tolist()
-        return {"items": [items[i] for i in top], "scores": [float(values[i]) for i in top],
+        return {"items": self.worker.ids.ids_of(items[i] for i in top),
+                "scores": [float(values[i]) for i in top], "ignored": ignored,
                 "catalog_version": self.fresh(ranked.catalog_version,
                                               body.min_catalog_version)}
 
@@ -190,7 +210,10 @@ class Service:
         if self.ranker is None:
             raise ApiError(400, "no ranker loaded")
         await self.caught_up(body.min_catalog_version, deadline_ms)
-        request = RankRequest(history=body.history, candidates=body.candidates,
+        ignored: list[str] = []
+        history = self._history(body, ignored)
+        candidates = self.worker.ids.rows(body.candidates, "candidates")
+        request = RankRequest(history=history, candidates=candidates,
                               user_vector=body.user_vector)
         ranked = await self.scheduler.submit(RankBatch(), request, deadline_ms)
         version = self.fresh(ranked.catalog_version, body.min_catalog_version)
@@ -198,7 +221,7 @@ class Service:
         if len(values) != len(body.candidates):
             raise RuntimeError(f"ranker returned {len(values)} scores for "
                                f"{len(body.candidates)} candidates")
-        return {"scores": values, "catalog_version": version}
+        return {"scores": values, "catalog_version": version, "ignored": ignored}
 
     # -- /v1/score ---------------------------------------------------------------------------
 
@@ -295,10 +318,11 @@ class Service:
         found = await self.scheduler.submit(RecommendBatch(best_of, body.n), request,
                                             deadline_ms)
         rec, version = found.value, self.fresh(found.catalog_version, body.min_catalog_version)
-        catalog = self._catalog()
-        choices = [{"index": k, "text": item_text(catalog, item), "item_id": item, "score": score,
-                    "logprobs": None, "finish_reason": "length"}
-                   for k, (item, score) in enumerate(zip(rec.items, rec.scores, strict=True))]
+        catalog, names = self._catalog(), self.worker.ids.ids_of(rec.items)
+        choices = [{"index": k, "text": item_text(catalog, item), "item_id": name,
+                    "score": score, "logprobs": None, "finish_reason": "length"}
+                   for k, (item, name, score) in enumerate(zip(rec.items, names, rec.scores,
+                                                               strict=True))]
         n_prompt = len(body.prompt) if isinstance(body.prompt, list) else (
             len(history) * levels + len(text or ()))
         n_out = levels * len(choices)

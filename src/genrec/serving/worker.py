@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import torch
 
+from genrec.catalog.id_map import IdMap
 from genrec.engine import (
     BeamParams,
     Engine,
@@ -32,6 +33,7 @@ from genrec.engine.ensemble import Ensemble
 from genrec.serving.backends import CatalogUpdater, Ranker, RankRequest
 from genrec.serving.catalog import CatalogChange, PreparedUpdate, ServiceCatalog
 from genrec.serving.catalog_follow import POLL_S, LogPoller
+from genrec.serving.catalog_ids import model_ids
 from genrec.serving.compaction import CatalogStats
 from genrec.serving.messages import (
     CatalogOp,
@@ -72,6 +74,9 @@ class BatchWorker(Protocol):
 
     @property
     def catalog_version(self) -> int: ...
+
+    @property
+    def ids(self) -> IdMap: ...
 
     @property
     def alive(self) -> bool: ...
@@ -128,7 +133,10 @@ class Worker:
             self.catalog = catalog_updater
         elif catalog_updater is not None or engine.catalog is not None:
             self.catalog = ServiceCatalog(engine, catalog_updater,
-                                          initial_version(engine, ranker), compact_threshold)
+                                          initial_version(engine, ranker), compact_threshold,
+                                          ids=model_ids(engine, ranker))
+        # the table's ids of a server with nothing to update (a ranker alone)
+        self._ids = model_ids(engine, ranker) if self.catalog is None else None
         self._handlers: dict[type, Callable[[Any, list[Any]], list[Any]]] = {
             RecommendBatch: self.recommend, ScoreBatch: self.score, RankBatch: self.rank,
             CatalogUpdate: self.update_catalog,
@@ -145,6 +153,11 @@ class Worker:
         if self.catalog is not None:
             return self.catalog.catalog_version
         return initial_version(self.engine, self.ranker)
+
+    @property
+    def ids(self) -> IdMap:
+        """The table's item ids of the catalog served now (see :class:`IdMap`)."""
+        return self.catalog.ids if self.catalog is not None else self._ids
 
     @property
     def alive(self) -> bool:
