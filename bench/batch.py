@@ -94,11 +94,11 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
     raise RuntimeError("genrec serve did not become ready")
 
 
-async def run_http(url: str, histories: list[list[int]], args: argparse.Namespace
-                   ) -> tuple[dict[str, Any], list[list[int]]]:
-    """One ``/v1/recommend`` per user from ``args.clients`` concurrent clients; the answers'
-    items in user order."""
-    answers: list[list[int]] = [[] for _ in histories]
+async def run_http(url: str, histories: list[list[str]], args: argparse.Namespace
+                   ) -> tuple[dict[str, Any], list[list[str]]]:
+    """One ``/v1/recommend`` per user (histories in the table's item ids) from
+    ``args.clients`` concurrent clients; the answers' items in user order."""
+    answers: list[list[str]] = [[] for _ in histories]
     queue = iter(range(len(histories)))
 
     async def client(http: httpx.AsyncClient) -> None:
@@ -152,12 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         port = free_port()
         server = start_server(args, port)
         try:
-            http, answers = asyncio.run(run_http(f"http://127.0.0.1:{port}", ds.sequences, args))
+            histories = [[ds.item_ids[i] for i in seq] for seq in ds.sequences]
+            http, answers = asyncio.run(run_http(f"http://127.0.0.1:{port}", histories, args))
         finally:
             server.terminate()
             server.wait(timeout=60)
-    same = sum(line["items"] == [ds.item_ids[i] for i in items_]
-               for line, items_ in zip(lines, answers, strict=True))
+    same = sum(line["items"] == items_ for line, items_ in zip(lines, answers, strict=True))
     ratio = batch["users_per_s"] / http["users_per_s"]
     print(format_table(["path", "users", "seconds", "users/s"], [
         ["genrec recommend (batch job)", str(batch["users"]), f"{batch['seconds']:.2f}",
