@@ -38,7 +38,9 @@ from genrec.utils.cuda_graphs import capture
 from genrec.utils.sizes import next_power_of_two
 
 if TYPE_CHECKING:
+    from genrec.engine.memory import MemoryBudget
     from genrec.engine.params import EngineConfig
+    from genrec.model.config import ModelConfig
 
 GPU_REQUEST_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 MIN_PREFIX_BUCKET = 64
@@ -74,6 +76,17 @@ class SearchBuffers:
         self.ancestry = torch.arange(n_beams, device=dev)[:, None].repeat(1, tail)
         self._nbytes = self.cache.nbytes() + sum(t.numel() * t.element_size() for t in (
             self.hidden, self.prefix_len, self.ancestry))
+
+    @staticmethod
+    def bytes_for(cfg: ModelConfig, dtype: torch.dtype, requests: int, width: int,
+                  prefix_cap: int, levels: int) -> int:
+        """Bytes the buffers of this shape take for a model of ``cfg`` in ``dtype`` (as
+        :meth:`nbytes` once made), computed without allocating them."""
+        item = dtype.itemsize
+        n_beams, tail = requests * width, max(levels - 1, 1)
+        kv_rows = requests * prefix_cap + n_beams * tail
+        kv = 2 * cfg.num_hidden_layers * kv_rows * cfg.num_key_value_heads * cfg.head_dim * item
+        return kv + requests * cfg.hidden_size * item + 8 * (requests + n_beams * tail)
 
     def load(self, hidden: torch.Tensor, prefix_len: torch.Tensor) -> None:
         """Copy the prompts' hidden states [R, H] and prefix lengths [R] in (R <= rows)."""
@@ -169,7 +182,8 @@ class RunnerConfig:
     """``request_buckets``: request counts a search is padded to (``None``: its own count);
     ``graphs``: capture runners as CUDA graphs (CUDA only); ``max_runners``: runners (and
     buffer sets) kept, least recently used dropped; ``max_bytes``: the most bytes of buffer
-    sets kept (a search larger than that still runs, on buffers dropped by the next shape)."""
+    sets kept (the memory budget's share, :attr:`MemoryBudget.search_buffers`; a search larger
+    than that still runs, on buffers dropped after it)."""
 
     request_buckets: tuple[int, ...] | None = None
     graphs: bool = False
@@ -177,14 +191,27 @@ class RunnerConfig:
     max_bytes: int = 2 << 30
 
 
-def runner_config(config: EngineConfig, device: torch.device) -> RunnerConfig:
-    """The runners an engine of ``config`` uses on ``device``."""
+@dataclass(frozen=True)
+class PoolStats:
+    """What a :class:`RunnerPool` keeps now: ``buffer_sets``, ``runners`` and the buffers'
+    ``bytes``; ``runners_made``: runners made since it was built (a runner made again for a
+    shape seen before was dropped in between: on CUDA, a graph captured again)."""
+
+    buffer_sets: int
+    runners: int
+    bytes: int
+    runners_made: int
+
+
+def runner_config(config: EngineConfig, device: torch.device, budget: MemoryBudget
+                  ) -> RunnerConfig:
+    """The runners an engine of ``config`` uses on ``device`` within ``budget``."""
     cuda = device.type == "cuda"
     buckets = config.search_request_buckets
     if buckets is None and cuda:
         buckets = GPU_REQUEST_BUCKETS
     return RunnerConfig(tuple(buckets) if buckets else None, cuda and config.cuda_graphs,
-                        config.max_search_runners, config.max_search_buffer_bytes)
+                        config.max_search_runners, budget.search_buffers)
 
 
 class RunnerPool:
@@ -201,6 +228,23 @@ class RunnerPool:
         self.capture_lock = threading.Lock()
         # one memory pool for every graph of this engine (searches and scoring grids)
         self.graph_pool = torch.cuda.graph_pool_handle() if config.graphs else None
+        self._made = 0
+
+    def stats(self) -> PoolStats:
+        """What the pool keeps now (see :class:`PoolStats`)."""
+        with self._lock:
+            return PoolStats(len(self._buffers), len(self._runners),
+                             sum(b.nbytes() for b in self._buffers.values()), self._made)
+
+    def buffer_bytes(self, requests: int, width: int, prefix_cap: int, levels: int) -> int:
+        """Bytes of the buffers of a search shape (made or not)."""
+        return SearchBuffers.bytes_for(self.model.config, self.model.dtype, requests, width,
+                                       prefix_cap, levels)
+
+    def keeps(self, requests: int, width: int, prefix_cap: int, levels: int) -> bool:
+        """Whether buffers of this shape are kept after their search (they fit the budget's
+        share for search buffers)."""
+        return self.buffer_bytes(requests, width, prefix_cap, levels) <= self.config.max_bytes
 
     def buffers(self, requests: int, width: int, prefix_cap: int, levels: int
                 ) -> SearchBuffers:
@@ -243,6 +287,7 @@ class RunnerPool:
         if found is None:
             found = BeamRunner(self.model, buffers, parts, level_offsets, lists, restricted,
                                graph, self.graph_pool, self.capture_lock)
+            self._made += 1
         self._runners[key] = found
         while len(self._runners) > self.config.max_runners:
             self._runners.popitem(last=False)

@@ -14,6 +14,7 @@ from genrec.engine.beam_runner import RunnerPool, runner_config
 from genrec.engine.catalog_state import CatalogState
 from genrec.engine.chunked import forward_chunked
 from genrec.engine.inputs import InputError, Part, build_input_embeds
+from genrec.engine.memory import take_budget
 from genrec.engine.params import (
     BeamParams,
     EngineConfig,
@@ -37,7 +38,9 @@ class Engine:
     (:meth:`score`) and generative retrieval by constrained beam search (:meth:`recommend`).
 
     The engine holds no per-request state: a rejected request leaves it as it was. Its beam
-    searches reuse static buffers (:attr:`searches`), one search at a time.
+    searches reuse static buffers (:attr:`searches`), one search at a time, kept within half
+    of :attr:`memory`, the memory budget taken when the engine is built
+    (:mod:`genrec.engine.memory`).
     """
 
     def __init__(
@@ -51,7 +54,11 @@ class Engine:
             cascade_attention_op()  # built (once per machine) now, not in the first request
         self.item_table: ItemTable | None = None
         self.catalog: CatalogState | None = None  # the generative catalog, swapped whole
-        self.searches = RunnerPool(self.model, runner_config(self.config, self.model.device))
+        # taken once, after the weights are on the device (logged)
+        self.memory = take_budget(self.model.device, self.config.memory_fraction,
+                                  self.config.memory_budget_bytes)
+        self.searches = RunnerPool(self.model, runner_config(self.config, self.model.device,
+                                                             self.memory))
         # scoring grids share the searches' settings, capture lock and graph pool; on by
         # default on CUDA only (on the CPU the packed path is faster)
         on = self.config.score_runners

@@ -178,7 +178,7 @@ def build_app(worker: BatchWorker, *, tokenizer: Any = None,
     """
     config = config or ServeConfig()
     metrics = ServerMetrics(lambda: scheduler.queue_depth(), lambda: worker.catalog_version,
-                            worker.catalog_stats)
+                            worker.catalog_stats, worker.engine.memory.total)
     scheduler = BatchScheduler(worker.run, config.max_batch_size, config.max_wait_ms,
                                config.max_queue, observer=lambda message, size, seconds:
                                metrics.observe_batch(message.kind, size, seconds),

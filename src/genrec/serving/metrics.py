@@ -11,7 +11,9 @@
   last compaction), ``genrec_catalog_compacting``: 1 while a background compaction runs,
   ``genrec_catalog_compaction_seconds{outcome}``: finished compactions (installed, dropped,
   failed) and their wall time; of the engine that searches (the engine process's with
-  ``--engine-process``), present when there is a generative catalog.
+  ``--engine-process``), present when there is a generative catalog;
+- ``genrec_memory_budget_bytes``: the engine's memory budget, taken at start (a fraction of the
+  device's free memory, of the available RAM on the CPU; ``genrec.engine.memory``).
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ class ServerMetrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, queue_depth: Callable[[], int], catalog_version: Callable[[], int],
-                 catalog_stats: Callable[[], CatalogStats | None] | None = None) -> None:
-        """``catalog_stats``: the generative catalog's stats, drained at each render."""
+                 catalog_stats: Callable[[], CatalogStats | None] | None = None,
+                 memory_budget: int | None = None) -> None:
+        """``catalog_stats``: the generative catalog's stats, drained at each render;
+        ``memory_budget``: the engine's budget in bytes (no gauge when ``None``)."""
         self.registry = CollectorRegistry()
         self.catalog_stats = catalog_stats
         self._catalog_metrics: tuple[Gauge, Gauge, Histogram] | None = None
@@ -56,6 +60,9 @@ class ServerMetrics:
         version = Gauge("genrec_catalog_version", "Catalog version being served.",
                         registry=self.registry)
         version.set_function(lambda: float(catalog_version()))
+        if memory_budget is not None:
+            Gauge("genrec_memory_budget_bytes", "The engine's memory budget in bytes, taken at "
+                  "start.", registry=self.registry).set(memory_budget)
 
     def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
         """Count one answered request and record its latency."""
