@@ -236,6 +236,12 @@ class RunnerPool:
             return PoolStats(len(self._buffers), len(self._runners),
                              sum(b.nbytes() for b in self._buffers.values()), self._made)
 
+    def release(self) -> None:
+        """Drop every kept buffer set and runner (their graphs with them): after an
+        out-of-memory error, or to make room for a larger batch."""
+        with self._lock:
+            self._evict(0, 0)
+
     def buffer_bytes(self, requests: int, width: int, prefix_cap: int, levels: int) -> int:
         """Bytes of the buffers of a search shape (made or not)."""
         return SearchBuffers.bytes_for(self.model.config, self.model.dtype, requests, width,

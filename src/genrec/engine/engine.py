@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,6 +159,19 @@ class Engine:
             model.model.embed_tokens, batch.inputs, item_table or self.item_table,
             model.user_projector,
         )
+
+    def held_bytes(self) -> int:
+        """Bytes the engine keeps between calls: its search buffers and scoring grids."""
+        return self.searches.stats().bytes + self.scorers.nbytes()
+
+    def release_caches(self) -> None:
+        """Drop the kept search buffers, scoring grids and their graphs, and hand the freed
+        device memory back (after an out-of-memory error; the next call makes them again)."""
+        self.searches.release()
+        self.scorers.release()
+        gc.collect()
+        if self.model.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def set_item_table(self, table: ItemTable) -> None:
         """Install an item table (moved to the model's device and dtype) in one swap.

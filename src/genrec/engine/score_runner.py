@@ -143,6 +143,16 @@ class ScoreRunnerPool:
         self._runners: OrderedDict[GridKey, ScoreRunner] = OrderedDict()
         self._lock = threading.Lock()
 
+    def nbytes(self) -> int:
+        """Bytes of the grids' buffers kept now."""
+        with self._lock:
+            return sum(r.nbytes for r in self._runners.values())
+
+    def release(self) -> None:
+        """Drop every kept grid runner (their buffers and graphs)."""
+        with self._lock:
+            self._runners.clear()
+
     def key(self, batch: PackedBatch, params: ScoreParams) -> GridKey | None:
         """The grid ``batch`` runs on, ``None`` for the packed path."""
         return grid_key(batch, params, self.request_buckets) if self.enabled else None

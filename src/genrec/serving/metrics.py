@@ -6,7 +6,10 @@
 - ``genrec_queue_depth``: requests waiting for the engine;
 - ``genrec_catalog_version``: the catalog version being served;
 - ``genrec_rejected_total{reason}``: requests refused for load (queue_full, draining, deadline,
-  catalog_behind: a replica that has not reached the request's min_catalog_version);
+  catalog_behind: a replica that has not reached the request's min_catalog_version; memory: a
+  batch that did not fit in memory now or ran out of it; too_large: a request over the memory
+  budget alone);
+- ``genrec_batch_splits_total``: batches split into runs that fit the memory budget;
 - ``genrec_catalog_delta_items``: items in the generative catalog's delta (changes since its
   last compaction), ``genrec_catalog_compacting``: 1 while a background compaction runs,
   ``genrec_catalog_compaction_seconds{outcome}``: finished compactions (installed, dropped,
@@ -54,6 +57,8 @@ class ServerMetrics:
                                        ["kind"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.rejected = Counter("genrec_rejected", "Requests refused for load or deadline.",
                                 ["reason"], registry=self.registry)
+        self.splits = Counter("genrec_batch_splits", "Batches split to fit the memory budget.",
+                              registry=self.registry)
         depth = Gauge("genrec_queue_depth", "Requests waiting for the engine.",
                       registry=self.registry)
         depth.set_function(lambda: float(queue_depth()))
@@ -73,6 +78,10 @@ class ServerMetrics:
         """Record one engine batch of ``kind`` (a message's kind: ``recommend``, ...)."""
         self.batch_size.labels(kind=kind).observe(size)
         self.batch_seconds.labels(kind=kind).observe(seconds)
+
+    def observe_split(self) -> None:
+        """Count one batch split into runs that fit the memory budget."""
+        self.splits.inc()
 
     def reject(self, reason: str) -> None:
         """Count a request refused for ``reason``."""
