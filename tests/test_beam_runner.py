@@ -9,7 +9,8 @@ from beam_reference import constrained_beam_search as reordering_search
 
 from genrec import BeamParams, Engine, EngineConfig, RecommendRequest
 from genrec.catalog.semantic_ids import SemanticIndex
-from genrec.engine.beam_runner import bucket, prefix_bucket
+from genrec.engine.beam_runner import bucket
+from genrec.engine.search_buffers import prefix_bucket
 from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.model import ModelConfig, build_model
 
@@ -206,8 +207,8 @@ def test_benchmark_shapes_keep_their_buffers_on_an_h200() -> None:
     # requests of 1,001-token prompts (prefix bucket 1024), width 256, 4 levels: ~6.1 GiB of
     # buffers, over the 2 GiB a fixed bound allowed; within the budget an H200 gives (0.8 of
     # ~135 GiB free after the weights)
-    from genrec.engine.beam_runner import SearchBuffers
     from genrec.engine.memory import GIB, MemoryBudget
+    from genrec.engine.search_buffers import SearchBuffers
 
     cfg = ModelConfig(vocab_size=1027, hidden_size=2048, intermediate_size=6144,
                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from genrec.engine.batch import PackedBatch
-from genrec.engine.beam_runner import RunnerPool, bucket, prefix_bucket
+from genrec.engine.beam_runner import RunnerPool, bucket
 from genrec.engine.params import ScoreParams
+from genrec.engine.search_buffers import prefix_bucket
 from genrec.model.decoder import DecoderLM
 from genrec.model.score_grid import ScoreGridLayout
 from genrec.utils.cuda_graphs import capture
