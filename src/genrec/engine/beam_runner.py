@@ -35,6 +35,7 @@ from genrec.engine.beam import (
 from genrec.engine.search_buffers import SearchBuffers, prefix_bucket
 from genrec.model.decoder import DecoderLM
 from genrec.utils.cuda_graphs import capture
+from genrec.utils.device_lock import DeviceLock, device_lock
 
 if TYPE_CHECKING:
     from genrec.engine.memory import MemoryBudget
@@ -62,7 +63,7 @@ class BeamRunner:
     def __init__(self, model: DecoderLM, buffers: SearchBuffers, parts: list[SemanticTrie],
                  level_offsets: list[int], lists: list[list[LevelLists]],
                  restricted: list[torch.Tensor | None], graph: bool,
-                 pool: object | None = None, capture_lock: threading.Lock | None = None
+                 pool: object | None = None, capture_lock: DeviceLock | None = None
                  ) -> None:
         # lists: padded to the buffers' rows (:func:`padded_lists`); copied in by load
         self.model, self.buffers, self.parts = model, buffers, parts
@@ -74,7 +75,7 @@ class BeamRunner:
                                                               device=model.device)
                            for r in restricted]
         self.use_graph, self.pool = graph, pool
-        self.capture_lock = capture_lock or threading.Lock()
+        self.capture_lock = capture_lock or DeviceLock()
         self.graph: torch.cuda.CUDAGraph | None = None
         self.items = torch.full((rows, buffers.width), -1, dtype=torch.long,
                                 device=model.device)
@@ -171,9 +172,9 @@ class RunnerPool:
         self._lock = threading.Lock()
         self._buffers: OrderedDict[tuple, SearchBuffers] = OrderedDict()
         self._runners: OrderedDict[tuple, BeamRunner] = OrderedDict()
-        # held while a graph is captured; a thread preparing batches on the same device (the
-        # server's overlap) takes it around its device work
-        self.capture_lock = threading.Lock()
+        # the device's lock (genrec.utils.device_lock): held while a graph is captured, and by
+        # device work beside the batches (the server's preparing thread, catalog builds)
+        self.capture_lock = device_lock(model.device)
         # one memory pool for every graph of this engine (searches and scoring grids)
         self.graph_pool = torch.cuda.graph_pool_handle() if config.graphs else None
         self._made = 0

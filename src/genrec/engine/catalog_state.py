@@ -263,9 +263,25 @@ class CatalogState:
         may not share a Semantic ID (retired items keep theirs). Costs O(changes + delta)."""
         return apply_update(self, upsert, retire, version, upsert_field, retire_field)
 
-    def compacted(self) -> CatalogState:
-        """The same catalog with the delta folded into a new base (O(N log N))."""
-        return compact(self)
+    def compacted(self, device: torch.device | str | None = None) -> CatalogState:
+        """The same catalog with the delta folded into a new base (O(N log N)), its tries on
+        ``device`` (default: this state's; ``"cpu"``: built on the host alone, to be moved
+        with :meth:`to`)."""
+        return compact(self, self.trie.device if device is None else device)
+
+    def to(self, device: torch.device | str) -> CatalogState:
+        """The same state with its tries and their rank lists on ``device``."""
+        def mv(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device)
+
+        def edges(closed: tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, ...] | None:
+            return None if closed is None else tuple(mv(t) for t in closed)
+
+        return dataclasses.replace(
+            self, trie=self.trie.to(device),
+            delta_trie=None if self.delta_trie is None else self.delta_trie.to(device),
+            base_dead=mv(self.base_dead), delta_dead=mv(self.delta_dead),
+            base_closed=edges(self.base_closed), delta_closed=edges(self.delta_closed))
 
     def rebased(self, compacted: CatalogState) -> CatalogState:
         """This catalog over ``compacted`` (the compaction of an earlier state of this one):

@@ -32,6 +32,7 @@ from genrec.kernels import cascade_attention_op
 from genrec.model.checkpoint import load_model
 from genrec.model.decoder import DecoderLM
 from genrec.utils.allocator import keep_freed_memory
+from genrec.utils.device_lock import DeviceLock
 
 
 class Engine:
@@ -159,6 +160,12 @@ class Engine:
             model.model.embed_tokens, batch.inputs, item_table or self.item_table,
             model.user_projector,
         )
+
+    def device_work(self) -> DeviceLock:
+        """The lock of the engine's device (a context manager): hold it around device work
+        that may run beside the engine's batches, so that it never overlaps a CUDA graph
+        capture (:mod:`genrec.utils.device_lock`)."""
+        return self.searches.capture_lock
 
     def held_bytes(self) -> int:
         """Bytes the engine keeps between calls: its search buffers and scoring grids."""

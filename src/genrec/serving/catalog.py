@@ -245,7 +245,8 @@ class ServiceCatalog:
         data = list(data)
         ranker_items = self._checked(op, data)
         base = self.engine.catalog
-        state, mine = self._generative(op, data, base)
+        with self.engine.device_work():  # its device work never overlaps a graph capture
+            state, mine = self._generative(op, data, base)
         return PreparedUpdate(op, data, base, state, mine, ranker_items)
 
     def apply(self, update: PreparedUpdate | tuple[str, list]) -> CatalogChange:
