@@ -33,6 +33,7 @@ from genrec.engine.beam import (
     search_levels,
 )
 from genrec.engine.search_buffers import SearchBuffers, prefix_bucket
+from genrec.engine.static_search import StaticSearch, structure
 from genrec.model.decoder import DecoderLM
 from genrec.utils.cuda_graphs import capture
 from genrec.utils.device_lock import DeviceLock, device_lock
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from genrec.engine.params import EngineConfig
 
 GPU_REQUEST_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+STATIC_PARTS = 2  # a catalog's base and delta
 
 
 def bucket(n: int, buckets: tuple[int, ...] | None) -> int | None:
@@ -80,6 +82,7 @@ class BeamRunner:
         self.items = torch.full((rows, buffers.width), -1, dtype=torch.long,
                                 device=model.device)
         self.scores = torch.zeros(rows, buffers.width, device=model.device)
+        self.static: StaticSearch | None = None  # capacity-sized inputs (static runners)
 
     def load(self, lists: list[list[LevelLists]], restricted: list[torch.Tensor | None]
              ) -> None:
@@ -132,12 +135,15 @@ class RunnerConfig:
     ``graphs``: capture runners as CUDA graphs (CUDA only); ``max_runners``: runners (and
     buffer sets) kept, least recently used dropped; ``max_bytes``: the most bytes of buffer
     sets kept (the memory budget's share, :attr:`MemoryBudget.search_buffers`; a search larger
-    than that still runs, on buffers dropped after it)."""
+    than that still runs, on buffers dropped after it); ``static``: runners read the catalog
+    and the filter lists from capacity-sized copies (:mod:`genrec.engine.static_search`), so
+    one runner serves every catalog version and filter size that fits."""
 
     request_buckets: tuple[int, ...] | None = None
     graphs: bool = False
     max_runners: int = 8
     max_bytes: int = 2 << 30
+    static: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,8 +165,10 @@ def runner_config(config: EngineConfig, device: torch.device, budget: MemoryBudg
     buckets = config.search_request_buckets
     if buckets is None and cuda:
         buckets = GPU_REQUEST_BUCKETS
-    return RunnerConfig(tuple(buckets) if buckets else None, cuda and config.cuda_graphs,
-                        config.max_search_runners, budget.search_buffers)
+    graphs = cuda and config.cuda_graphs
+    static = graphs if config.static_search is None else config.static_search
+    return RunnerConfig(tuple(buckets) if buckets else None, graphs,
+                        config.max_search_runners, budget.search_buffers, static)
 
 
 class RunnerPool:
@@ -248,6 +256,34 @@ class RunnerPool:
             self._runners.popitem(last=False)
         return found
 
+    def _static_runner(self, buffers: SearchBuffers, parts: list[SemanticTrie],
+                       level_offsets: list[int], lists: list[list[LevelLists]],
+                       restricted: list[torch.Tensor | None], graph: bool) -> BeamRunner:
+        # the runner of these buffers and catalog structure, its capacities grown (and its
+        # graph captured again) only when the catalog or the filters outgrow them; loaded
+        sizes, rows, dev = parts[0].codebook_sizes, buffers.requests, self.model.device
+        missing = STATIC_PARTS - len(parts)  # a catalog without a delta: an empty one
+        full_parts: list[SemanticTrie | None] = [*parts, *[None] * missing]
+        full_lists = lists + [[(None, None, None)] * len(sizes)] * missing
+        full_restricted = restricted + [None] * missing
+        keys = [structure(p, sizes) for p in full_parts]
+        key = ("static", id(buffers), tuple(level_offsets), tuple(keys), graph)
+        found = self._runners.pop(key, None)
+        if found is None or not found.static.fits(full_parts, full_lists):
+            static = StaticSearch.fitting(keys, full_parts, full_lists, dev,
+                                          found.static if found is not None else None)
+            padded, flags = static.padded(full_lists, full_restricted, rows, dev)
+            found = BeamRunner(self.model, buffers, static.parts, level_offsets, padded, flags,
+                               graph, self.graph_pool, self.capture_lock)
+            found.static = static
+            self._made += 1
+        self._runners[key] = found
+        while len(self._runners) > self.config.max_runners:
+            self._runners.popitem(last=False)
+        found.static.load(full_parts)
+        found.load(*found.static.padded(full_lists, full_restricted, rows, dev))
+        return found
+
     def search(self, parts: list[SemanticTrie], filters: list[PartFilter],
                level_offsets: list[int], embeds: torch.Tensor, prefix_lens: list[int],
                prefix_last: torch.Tensor, width: int) -> BeamResult:
@@ -270,9 +306,13 @@ class RunnerPool:
                                       buffers.cache)
         buffers.load(hidden, lens)
         lists, restricted = filter_inputs(parts, filters)
-        lists = [[padded_lists(level, rows) for level in part] for part in lists]
-        runner = self.runner(buffers, parts, level_offsets, lists, restricted, graph)
-        runner.load(lists, restricted)
+        if self.config.static:
+            runner = self._static_runner(buffers, parts, level_offsets, lists, restricted,
+                                         graph)
+        else:
+            lists = [[padded_lists(level, rows) for level in part] for part in lists]
+            runner = self.runner(buffers, parts, level_offsets, lists, restricted, graph)
+            runner.load(lists, restricted)
         out = runner.run()
         # copies: the buffers belong to the next search
         result = BeamResult(out.items[:n_req].clone(), out.scores[:n_req].clone())
