@@ -6,9 +6,11 @@ every item under it is dead (retired, or moved to another part of the catalog) o
 the request, and, for a request with an allow list, open only when some allowed item lies
 under it. Before a search, :meth:`PartFilter.prepare` turns the rank lists into per-level
 sorted edge lists (each listed rank's ancestor at every level: ``O(list size x levels x
-log N)``); a beam step then tests its candidate edges against the lists of its level with one
-binary search each, and skips a level whose lists are empty (the upper levels, where no edge
-is closed by a few hundred dead or excluded items). Nothing is built per item of the catalog.
+log N)``), with fixed shapes: a request's rows are as wide as its longest list (known on the
+host), so building them reads no device value; a beam step then tests its candidate edges
+against the lists of its level with one binary search each, and skips a level without lists
+(no exclude / allow list, and no edge of the level closed by dead items). Nothing is built per
+item of the catalog.
 """
 
 from __future__ import annotations
