@@ -369,13 +369,17 @@ def machine_note() -> dict[str, Any]:
 
 
 def write_json(path: str | Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` as indented JSON (dataclasses converted)."""
+    """Write ``payload`` as indented JSON (dataclasses converted), atomically: a temporary
+    file renamed over ``path``, so a run killed while writing leaves the previous figures."""
     def default(obj: Any) -> Any:
         if hasattr(obj, "__dataclass_fields__"):
             return asdict(obj)
         raise TypeError(f"cannot serialise {type(obj).__name__}")
 
-    Path(path).write_text(json.dumps(payload, indent=2, default=default) + "\n")
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, default=default) + "\n")
+    os.replace(tmp, path)
 
 
 def format_table(headers: list[str], rows: list[list[str]]) -> str:

@@ -1,8 +1,11 @@
-"""GPU device check: one script, about 5 minutes on one NVIDIA H200, every figure in one run.
+"""GPU device check: one script, about 5 minutes on one NVIDIA H200 (at most 8 with start-up
+and the CUDA tests), every figure in one run; ``--quick``: a smaller plan at the real shapes for
+a second try (at most 3 minutes).
 
 Parts (each timed with ``torch.cuda.synchronize()`` around the call on CUDA, plain
 ``perf_counter`` on the CPU; a failing part or setting, an OOM included, is printed and the
-run goes on to the next):
+run goes on to the next). Progress is printed as it goes, and with ``--json PATH`` the figures
+are written (atomically) after every setting, so a run cut short keeps what it measured:
 
 a. machine (GPU, torch, CUDA) and the matmul peak: TFLOP/s of large square products in bf16,
    fp32 with TF32 off, and TF32 (best of a few, timed with CUDA events);
@@ -27,6 +30,8 @@ Exit status: 0 when every part ran without an error and the tests passed, 1 othe
 not met do not change it).
 
 Device run:  ``python bench/gpu.py --json gpu.json``
+Second try:  ``python bench/gpu.py --quick --json gpu-quick.json`` (the 1.7B beam shape and one
+             scoring setting, a 300,000-item catalog, bf16 peak only, no CUDA tests)
 Smoke run:   ``python bench/gpu.py --device cpu --smoke --skip-tests`` (tiny sizes, seconds)
 """
 
@@ -128,6 +133,7 @@ class Sizes:
     bn_warmup: int
     bn_repeats: int
     budget_s: float
+    peak_kinds: tuple[str, ...] = ("bfloat16", "float32", "tf32")
 
 
 FULL = Sizes(
@@ -137,6 +143,15 @@ FULL = Sizes(
     beam_shapes={"qwen3-0.6b": QWEN3_06B, "qwen3-1.7b": QWEN3_17B},
     catalog_items=1_000_000, levels=4, codes=256, width=256, n=10, history_items=250,
     batches=(1, 32), b1_warmup=3, b1_repeats=10, bn_warmup=1, bn_repeats=3, budget_s=285,
+)
+QUICK = Sizes(
+    peak_size=8192, peak_repeats=3, peak_inner=10,
+    score_shape=QWEN3_06B, table_items=10_000, k=2, prefix=500,
+    score_settings=((1, 500),), score_warmup=2, score_repeats=5,
+    beam_shapes={"qwen3-1.7b": QWEN3_17B},
+    catalog_items=300_000, levels=4, codes=256, width=256, n=10, history_items=250,
+    batches=(1, 32), b1_warmup=2, b1_repeats=5, bn_warmup=1, bn_repeats=2, budget_s=150,
+    peak_kinds=("bfloat16",),
 )
 SMOKE = Sizes(
     peak_size=256, peak_repeats=3, peak_inner=2,
@@ -190,9 +205,12 @@ class Run:
             self.out["errors"][name] = f"{type(err).__name__}: {err}"
             free_memory(self.device)
             return None
+        finally:
+            self.save()  # each setting's figures (or error) on disk as soon as it ends
 
     def save(self) -> None:
-        """Write the figures so far (after every part: a killed run keeps what it measured)."""
+        """Write the figures so far (after every setting: a killed run keeps what it
+        measured)."""
         if self.args.json:
             self.out["total_s"] = round(time.perf_counter() - T0, 1)
             cm.write_json(self.args.json, self.out)
@@ -366,6 +384,9 @@ def part_peak(run: Run) -> None:
     for name, dtype, mode in (("bfloat16", torch.bfloat16, None),
                               ("float32", torch.float32, "highest"),
                               ("tf32", torch.float32, "high")):
+        if name not in sz.peak_kinds:
+            continue
+
         def probe(dtype: torch.dtype = dtype, mode: str | None = mode) -> float:
             with fp32_matmul_precision(mode) if mode else contextlib.nullcontext():
                 return matmul_tflops(dev, dtype, sz.peak_size, sz.peak_repeats, sz.peak_inner)
@@ -678,8 +699,12 @@ PARTS = ("tests", "scoring", "beam")
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
-    p.add_argument("--smoke", "--quick", action="store_true", dest="smoke",
-                   help="tiny shapes and sizes (seconds; runs on the CPU too)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true",
+                      help="a smaller plan at the real shapes (<= 3 minutes on an H200; the "
+                           "1.7B beam shape, one scoring setting, no CUDA tests)")
+    size.add_argument("--smoke", action="store_true",
+                      help="tiny shapes and sizes (seconds; runs on the CPU too)")
     p.add_argument("--skip-tests", action="store_true", help="do not run tests/test_cuda.py")
     p.add_argument("--only", default=None,
                    help=f"comma-separated parts among {', '.join(PARTS)} (the machine and the "
@@ -687,7 +712,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--budget-s", type=float, default=None,
                    help="time budget: settings that would start after it are skipped "
-                        "(default 285 s, smoke 60 s)")
+                        "(default 285 s, quick 150 s, smoke 60 s)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's; 1 for a CPU smoke run)")
     p.add_argument("--json", default=None, help="write every figure to this file")
@@ -695,14 +720,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     only = set(args.only.split(",")) if args.only else set(PARTS)
     if only - set(PARTS):
         p.error(f"--only: unknown parts {sorted(only - set(PARTS))}; choose from {PARTS}")
-    args.parts = [x for x in PARTS if x in only and not (x == "tests" and args.skip_tests)]
+    skip_tests = args.skip_tests or args.quick
+    args.parts = [x for x in PARTS if x in only and not (x == "tests" and skip_tests)]
     return args
+
+
+def plan(args: argparse.Namespace) -> Sizes:
+    """The sizes a run of ``args`` measures."""
+    return SMOKE if args.smoke else QUICK if args.quick else FULL
+
+
+def plan_name(args: argparse.Namespace) -> str:
+    return "smoke" if args.smoke else "quick" if args.quick else "full"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
-    sizes = SMOKE if args.smoke else FULL
+    sizes = plan(args)
     if device.type == "cpu" and (args.threads or args.smoke):
         torch.set_num_threads(args.threads or 1)
     budget = args.budget_s if args.budget_s is not None else sizes.budget_s
@@ -720,7 +755,7 @@ def main(argv: list[str] | None = None) -> int:
     m = run.out["machine"]
     log(f"machine: {m.get('gpu') or m.get('cpu')}; torch {m['torch']}, CUDA {m['cuda']}, "
         f"{m['cpu_cores']} CPU cores; genrec {m['genrec']}; sizes "
-        f"{'smoke' if args.smoke else 'full'}, {args.dtype}, budget {budget:.0f} s")
+        f"{plan_name(args)}, {args.dtype}, budget {budget:.0f} s")
     run.attempt("peak", lambda: part_peak(run))
     run.save()
     for part, fn in (("tests", part_tests), ("scoring", part_scoring), ("beam", part_beam)):

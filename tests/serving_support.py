@@ -25,10 +25,10 @@ N_ITEMS = 40
 LABEL = 3
 
 
-def tiny_engine(seed: int = 0, user_dim: int = 5) -> Engine:
+def tiny_engine(seed: int = 0, user_dim: int = 5, **config: object) -> Engine:
     """A random generative model over 40 items (3-level Semantic IDs), ``user_dim`` 5, and an
     item table (2 vectors per item, version 3); ``seed`` draws the weights only (the catalog
-    and the table are the same for every seed)."""
+    and the table are the same for every seed); ``config``: more ``EngineConfig`` fields."""
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(0)
     all_ids = torch.cartesian_prod(*[torch.arange(k) for k in SIZES])
@@ -39,7 +39,7 @@ def tiny_engine(seed: int = 0, user_dim: int = 5) -> Engine:
     model = build_model(cfg)
     with torch.no_grad():
         model.lm_head.weight.mul_(40)
-    engine = Engine(model, config=EngineConfig(soft_token_id=SOFT_ID),
+    engine = Engine(model, config=EngineConfig(soft_token_id=SOFT_ID, **config),
                     vocab=SidVocab(index, max_history=6))
     engine.set_item_table(ItemTable(torch.randn(N_ITEMS, 2, 32, generator=g), version=3))
     return engine

@@ -168,7 +168,7 @@ def test_fused_branch_attention_merges_like_the_portable_one(
     # a request without prefix keys (used 0) included
     from genrec.model import beam_step
 
-    monkeypatch.setattr(beam_step, "attend_cuda", beam_step.attend_math)
+    monkeypatch.setattr(beam_step, "attend", beam_step.attend_math)
     torch.manual_seed(5)
     n_req, width, n_q, cap = 3, 4, 3 if causal else 1, 9
     nb = n_req * width

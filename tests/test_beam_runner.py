@@ -9,7 +9,8 @@ from beam_reference import constrained_beam_search as reordering_search
 
 from genrec import BeamParams, Engine, EngineConfig, RecommendRequest
 from genrec.catalog.semantic_ids import SemanticIndex
-from genrec.engine.beam_runner import bucket, prefix_bucket
+from genrec.engine.beam_runner import bucket
+from genrec.engine.search_buffers import prefix_bucket
 from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.model import ModelConfig, build_model
 
@@ -161,13 +162,58 @@ def test_buffers_are_bounded_in_bytes() -> None:
     probe = _engine()
     probe.recommend(_requests()[:2], BeamParams(4, 1))
     [two] = probe.searches._buffers.values()
-    # room for the larger set only: it drops the first (and its runner)
-    engine = _engine(max_search_buffer_bytes=two.nbytes())
+    # room for the larger set only: it drops the first (and its runner); kept buffers take
+    # half the memory budget
+    engine = _engine(memory_budget_bytes=2 * two.nbytes())
     engine.recommend(_requests()[:1], BeamParams(4, 1))
     engine.recommend(_requests()[:2], BeamParams(4, 1))
     assert [b.requests for b in engine.searches._buffers.values()] == [2]
     assert all(r.buffers.requests == 2 for r in engine.searches._runners.values())
     # a set above the bound still runs, and is not kept after its search
-    tiny = _engine(max_search_buffer_bytes=1)
+    tiny = _engine(memory_budget_bytes=1)
     assert tiny.recommend(_requests(), BeamParams(4, 2))[0].items
     assert not tiny.searches._buffers and not tiny.searches._runners
+
+
+def test_buffer_bytes_are_known_before_allocating() -> None:
+    engine = _engine()
+    engine.recommend(_requests(), BeamParams(8, 3))
+    stats = engine.searches.stats()
+    assert stats.buffer_sets == 1 and stats.runners == 1 and stats.runners_made == 1
+    longest = max(len(engine.catalog.prompts([r.history], [r.user_vector is not None])[0])
+                  for r in _requests())
+    assert stats.bytes == engine.searches.buffer_bytes(
+        len(_requests()), 8, prefix_bucket(longest), len(SIZES))
+
+
+@pytest.mark.parametrize("fits", [True, False])
+def test_runner_is_reused_across_calls_within_the_budget(fits: bool) -> None:
+    # the runner (on CUDA its captured graph) serves every call of a shape whose buffers fit
+    # the budget's share; a shape above it is made again at each call
+    probe = _engine()
+    probe.recommend(_requests(), BeamParams(8, 3))
+    need = probe.searches.stats().bytes
+    engine = _engine(memory_budget_bytes=2 * need if fits else 2 * need - 2)
+    assert engine.searches.keeps(len(_requests()), 8, 64, len(SIZES)) is fits
+    first = engine.recommend(_requests(), BeamParams(8, 3))
+    for _ in range(2):
+        assert [r.items for r in engine.recommend(_requests(), BeamParams(8, 3))] == [
+            r.items for r in first]
+    assert engine.searches.stats().runners_made == (1 if fits else 3)
+
+
+def test_benchmark_shapes_keep_their_buffers_on_an_h200() -> None:
+    # bench/gpu.py's beam search: Qwen3-1.7B shape (28 layers, 8 KV heads of 128, bf16), 32
+    # requests of 1,001-token prompts (prefix bucket 1024), width 256, 4 levels: ~6.1 GiB of
+    # buffers, over the 2 GiB a fixed bound allowed; within the budget an H200 gives (0.8 of
+    # ~135 GiB free after the weights)
+    from genrec.engine.memory import GIB, MemoryBudget
+    from genrec.engine.search_buffers import SearchBuffers
+
+    cfg = ModelConfig(vocab_size=1027, hidden_size=2048, intermediate_size=6144,
+                      num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                      head_dim=128, max_position_embeddings=4096)
+    need = SearchBuffers.bytes_for(cfg, torch.bfloat16, 32, 256, prefix_bucket(1001), 4)
+    assert 6 * GIB < need < 6.5 * GIB
+    h200 = MemoryBudget(int(0.8 * 135 * GIB), 135 * GIB, 0.8, "cuda:0 free")
+    assert need <= h200.search_buffers

@@ -1,14 +1,64 @@
-"""bench/gpu.py, the GPU device check, runs end to end at smoke sizes on the CPU."""
+"""bench/gpu.py, the GPU device check: end to end at smoke sizes on the CPU; --quick takes the
+smaller plan; the figures reach the JSON file after every setting (a cut run keeps them)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def gpu_bench():
+    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "bench" / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_gpu"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("bench_gpu", None)
+
+
+def test_quick_takes_the_smaller_plan(gpu_bench) -> None:
+    full, quick = gpu_bench.parse_args([]), gpu_bench.parse_args(["--quick"])
+    assert gpu_bench.plan(full) is gpu_bench.FULL and gpu_bench.plan(quick) is gpu_bench.QUICK
+    assert "tests" in full.parts and "tests" not in quick.parts
+    big, small = gpu_bench.FULL, gpu_bench.QUICK
+    # the real shapes (the 1.7B goal shape at width 256), fewer of them, within 3 minutes
+    assert small.beam_shapes == {"qwen3-1.7b": gpu_bench.QWEN3_17B}
+    assert small.width == big.width and small.history_items == big.history_items
+    assert set(small.score_settings) < set(big.score_settings)
+    assert small.catalog_items < big.catalog_items and small.peak_kinds == ("bfloat16",)
+    # the budgets leave 2 minutes of the lend for start-up and the last setting running over
+    assert small.budget_s <= 180 - 30 and big.budget_s <= 8 * 60 - 120
+    with pytest.raises(SystemExit):
+        gpu_bench.parse_args(["--quick", "--smoke"])
+
+
+def test_figures_reach_the_json_after_every_setting(gpu_bench, tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    args = gpu_bench.parse_args(["--device", "cpu", "--smoke", "--json", str(out)])
+    run = gpu_bench.Run(args, gpu_bench.SMOKE, torch.device("cpu"), torch.float32,
+                        time.perf_counter() + 60)
+    run.attempt("beam a", lambda: run.out["beam"].append({"model": "a", "batch": 1}))
+    assert json.loads(out.read_text())["beam"] == [{"model": "a", "batch": 1}]
+
+    def fails() -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    run.attempt("beam b", fails)
+    written = json.loads(out.read_text())
+    assert written["errors"] == {"beam b": "OutOfMemoryError: CUDA out of memory"}
+    assert written["beam"] == [{"model": "a", "batch": 1}]
+    assert [p.name for p in tmp_path.iterdir()] == ["gpu.json"]  # written whole, then renamed
 
 
 def test_gpu_bench_smoke_on_cpu(tmp_path: Path) -> None:

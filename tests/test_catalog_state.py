@@ -121,3 +121,24 @@ def test_an_update_does_not_rebuild_the_base() -> None:
     # upserting a retired item brings it back; its own old ID may be taken back too
     back = nxt.updated([(1, engine.catalog.codes_of([1])[0].tolist())])
     assert back.is_active(1) and not back.is_active(2)
+
+
+def test_search_filters_read_nothing_from_the_device() -> None:
+    # the preparing thread builds a batch's filters while the previous batch runs: on a GPU a
+    # read of a device value there would wait for that batch (on the CPU the trap emulates it)
+    from genrec.utils.sync_trap import no_host_sync
+
+    engine = _engine(220)
+    state = _changed(engine)
+    n = state.num_items
+    allow = [None, [4, 9, 30, 31, n - 2, 5, 11, 2, 9], [n - 1], []]
+    exclude = [[0, 4, 6, n - 1, 13, 13, 5], None, [n - 1, 1], [2]]
+    with no_host_sync():
+        filters = state.search_filters(allow, exclude)
+    assert len(filters) == 2  # base and delta
+    # the same lists as built outside the trap
+    again = state.search_filters(allow, exclude)
+    for f, g, trie in zip(filters, again, state.parts(), strict=True):
+        for level in range(trie.num_levels):
+            for a, b in zip(f.level_lists(trie, level), g.level_lists(trie, level), strict=True):
+                assert (a is None and b is None) or torch.equal(a, b)

@@ -26,8 +26,11 @@ def test_count_in_one_list_and_per_request_rows() -> None:
 
 
 def test_padded_ranks_sorts_and_dedups_per_request() -> None:
-    got = padded_ranks(torch.tensor([2, 0, 2, 2, 0]), torch.tensor([5, 3, 1, 5, 0]), 4, 99)
-    assert got.tolist() == [[0, 3], [99, 99], [1, 5], [99, 99]]
+    got = padded_ranks(torch.tensor([2, 0, 2, 2, 0]), torch.tensor([5, 3, 1, 5, 0]), 4, 99, 3)
+    assert got.tolist() == [[0, 3, 99], [99, 99, 99], [1, 5, 99], [99, 99, 99]]
+    # entries equal to the padding are padding; the width defaults to the entries' count
+    got = padded_ranks(torch.tensor([1, 0, 1]), torch.tensor([99, 4, 2]), 2, 99)
+    assert got.tolist() == [[4, 99, 99], [2, 99, 99]]
     assert padded_ranks(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long),
                         2, 7).tolist() == [[7], [7]]
 

@@ -37,6 +37,9 @@ def test_health_ready_metrics(full: tuple[str, Updater]) -> None:
                  "genrec_queue_depth", "genrec_catalog_version"):
         assert name in text
     assert 'endpoint="/v1/recommend",status="200"' in text
+    # the memory budget taken at start, in bytes
+    [budget] = [ln for ln in text.splitlines() if ln.startswith("genrec_memory_budget_bytes ")]
+    assert float(budget.split()[-1]) >= 1
 
 
 def test_concurrent_recommend_equals_offline_engine(full: tuple[str, Updater],

@@ -41,15 +41,41 @@ class Gate:
         self.entered, self.open, self.calls = threading.Event(), threading.Event(), 0
         compacted = CatalogState.compacted
 
-        def held(state: CatalogState) -> CatalogState:
+        def held(state: CatalogState, device: str | None = None) -> CatalogState:
             self.calls += 1
             self.entered.set()
             self.open.wait(10)
             if fail:
                 raise RuntimeError("compaction exploded")
-            return compacted(state)
+            return compacted(state, device)
 
         monkeypatch.setattr(CatalogState, "compacted", held)
+
+
+def test_device_work_beside_the_batches_waits_for_a_capture() -> None:
+    # a capture holds the device's lock: an update built off the engine's thread, and the
+    # install of a background compaction (built on the host), wait for it instead of issuing
+    # device work during the capture (which would invalidate it)
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine = tiny_engine()
+    catalog = ServiceCatalog(engine, None, compact_threshold=1)
+    sids = free_sids(engine, 2)
+    lock = engine.device_work()
+    with ThreadPoolExecutor(1) as pool:
+        with lock:  # as a capture does
+            update = pool.submit(catalog.prepare, "upsert",
+                                 [{"item_id": N_ITEMS, "semantic_id": sids[0]}])
+            wait_until(lambda: lock.waiting() == 1)
+            assert not update.done()
+        prepared = update.result(10)
+    assert prepared.state is not None and prepared.state.delta_items.tolist() == [N_ITEMS]
+    with lock:
+        catalog.apply(prepared)  # delta 1: a compaction starts, built on the host
+        wait_until(lambda: lock.waiting() == 1)  # its install waits for the device
+        assert catalog.compactor.running and engine.catalog.delta_items.numel() == 1
+    assert catalog.compactor.wait(10) and engine.catalog.delta_items.numel() == 0
+    assert [e.outcome for e in catalog.stats().compactions] == ["installed"]
 
 
 def test_threshold_rule() -> None:

@@ -6,9 +6,11 @@ every item under it is dead (retired, or moved to another part of the catalog) o
 the request, and, for a request with an allow list, open only when some allowed item lies
 under it. Before a search, :meth:`PartFilter.prepare` turns the rank lists into per-level
 sorted edge lists (each listed rank's ancestor at every level: ``O(list size x levels x
-log N)``); a beam step then tests its candidate edges against the lists of its level with one
-binary search each, and skips a level whose lists are empty (the upper levels, where no edge
-is closed by a few hundred dead or excluded items). Nothing is built per item of the catalog.
+log N)``), with fixed shapes: a request's rows are as wide as its longest list (known on the
+host), so building them reads no device value; a beam step then tests its candidate edges
+against the lists of its level with one binary search each, and skips a level without lists
+(no exclude / allow list, and no edge of the level closed by dead items). Nothing is built per
+item of the catalog.
 """
 
 from __future__ import annotations
@@ -42,20 +44,25 @@ def count_in(sorted_ranks: torch.Tensor, start: torch.Tensor, end: torch.Tensor)
 
 
 def padded_ranks(request_of: torch.Tensor, ranks: torch.Tensor, num_requests: int,
-                 pad: int) -> torch.Tensor:
-    """Ranks grouped by request into sorted rows [R, S], padded with ``pad`` (S >= 1).
-    ``request_of`` / ``ranks``: int64 [M] (any order; duplicates are dropped)."""
+                 pad: int, width: int | None = None) -> torch.Tensor:
+    """Ranks grouped by request into sorted rows [R, width], padded with ``pad``.
+    ``request_of`` / ``ranks``: int64 [M] (any order; duplicates are dropped, entries equal to
+    ``pad`` are padding). ``width`` (>= 1): at least the most entries of one request, known on
+    the host (default: M); nothing of the data is read, so no device value reaches the host."""
     device = ranks.device
-    if ranks.numel() == 0:
-        return torch.full((num_requests, 1), pad, dtype=torch.int64, device=device)
-    key = torch.unique(request_of * (pad + 1) + ranks)  # sorted by request, then rank
-    req, rank = key // (pad + 1), key % (pad + 1)
-    counts = torch.bincount(req, minlength=num_requests)
-    width = max(int(counts.max()), 1)
-    first = torch.cumsum(counts, 0) - counts
-    col = torch.arange(key.numel(), device=device) - first[req]
+    width = max(ranks.numel() if width is None else width, 1)
     out = torch.full((num_requests, width), pad, dtype=torch.int64, device=device)
-    out[req, col] = rank
+    if ranks.numel() == 0:
+        return out
+    key = torch.sort(request_of * (pad + 1) + ranks.clamp(max=pad)).values
+    req, rank = key // (pad + 1), key % (pad + 1)
+    dup = torch.zeros_like(key, dtype=torch.bool)
+    dup[1:] = key[1:] == key[:-1]
+    # duplicates become padding, sorted after the request's ranks
+    key = torch.sort(req * (pad + 1) + rank.masked_fill(dup, pad)).values
+    req, rank = key // (pad + 1), key % (pad + 1)
+    col = torch.arange(key.numel(), device=device) - torch.searchsorted(key, req * (pad + 1))
+    out[req, col] = rank  # col < width: a request has at most ``width`` entries
     return out
 
 
@@ -117,11 +124,10 @@ def _in_rows(rows: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
     return (rows.gather(1, pos) == q).view(edges.shape)
 
 
-def _listed(rows: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
-    # (request, rank) of every entry of padded rows [R, S] below limit
-    keep = rows < limit
+def _listed(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # (request, rank) of every entry of padded rows [R, S], padding included (fixed shapes)
     req = torch.arange(rows.shape[0], device=rows.device)[:, None].expand_as(rows)
-    return req[keep], rows[keep]
+    return req.reshape(-1), rows.reshape(-1)
 
 
 @dataclass(frozen=True)
@@ -149,41 +155,50 @@ class PartFilter:
 
     def prepare(self, trie: SemanticTrie) -> PartFilter:
         """Build the per-level edge lists for ``trie`` now (once, before the search; their
-        sizes are read on the host). Returns ``self``."""
+        sizes are the request lists' widths: no device value is read). Returns ``self``."""
         if not self.trivial:
             for level in range(trie.num_levels):
                 self._level(trie, level)
         return self
 
     def _listed_above(self, trie: SemanticTrie, which: str, rows: torch.Tensor
-                      ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        # (request, the ancestors at every level) of the listed ranks of rows, once per list
+                      ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        # (request, listed (not padding), the ancestors at every level) of every entry of
+        # rows, once per list
         if which not in self._above:
-            req, ranks = _listed(rows, trie.num_items)
-            self._above[which] = (req, ancestors(trie, ranks))
+            req, ranks = _listed(rows)
+            listed = ranks < trie.num_items
+            self._above[which] = (req, listed, ancestors(trie, ranks.clamp(max=trie.num_items - 1)))
         return self._above[which]
 
     def _level(self, trie: SemanticTrie, level: int) -> LevelLists:
+        # Fixed shapes throughout (sorts, binary searches, padding): the lists' widths are the
+        # request lists' (host-known) widths, so building them reads nothing from the device.
         if level in self._lists:
             return self._lists[level]
-        edges_here = num_edges(trie, level)
+        edges_here = num_edges(trie, level)  # also the padding of this level's lists
         closed = self.closed if self.closed is not None else dead_edges(trie, self.dead)
         gone = closed[level] if closed[level].numel() else None
         blocked = opened = None
         if self.excluded is not None:
-            req, above = self._listed_above(trie, "excluded", self.excluded)
-            key, counts = torch.unique(req * (edges_here + 1) + above[level],
-                                       return_counts=True)  # (request, edge), sorted
+            req, listed, above = self._listed_above(trie, "excluded", self.excluded)
+            key = torch.sort(req * (edges_here + 1)
+                             + above[level].masked_fill(~listed, edges_here)).values
             req, edges = key // (edges_here + 1), key % (edges_here + 1)
-            start, end = trie.edge_ranks(level, edges)
+            counts = (torch.searchsorted(key, key, right=True)
+                      - torch.searchsorted(key, key))  # entries per (request, edge)
+            first = torch.ones_like(key, dtype=torch.bool)
+            first[1:] = key[1:] != key[:-1]
+            start, end = trie.edge_ranks(level, edges.clamp(max=edges_here - 1))
             # closed for this request: its excluded items and the dead ones fill the edge
-            full = counts + count_in(self.dead, start, end) == end - start
-            if bool(full.any()):
-                blocked = padded_ranks(req[full], edges[full], self.excluded.shape[0],
-                                       edges_here)
+            full = (first & (edges < edges_here)
+                    & (counts + count_in(self.dead, start, end) == end - start))
+            blocked = padded_ranks(req, edges.masked_fill(~full, edges_here),
+                                   self.excluded.shape[0], edges_here, self.excluded.shape[1])
         if self.allowed is not None:
-            req, above = self._listed_above(trie, "allowed", self.allowed)
-            opened = padded_ranks(req, above[level], self.allowed.shape[0], edges_here)
+            req, listed, above = self._listed_above(trie, "allowed", self.allowed)
+            opened = padded_ranks(req, above[level].masked_fill(~listed, edges_here),
+                                  self.allowed.shape[0], edges_here, self.allowed.shape[1])
         self._lists[level] = (gone, blocked, opened)
         return self._lists[level]
 

@@ -32,16 +32,18 @@ from genrec.engine.beam import (
     prompt_forward,
     search_levels,
 )
+from genrec.engine.search_buffers import SearchBuffers, prefix_bucket
+from genrec.engine.static_search import StaticSearch, structure
 from genrec.model.decoder import DecoderLM
-from genrec.model.kv_cache import KVCache
 from genrec.utils.cuda_graphs import capture
-from genrec.utils.sizes import next_power_of_two
+from genrec.utils.device_lock import DeviceLock, device_lock
 
 if TYPE_CHECKING:
+    from genrec.engine.memory import MemoryBudget
     from genrec.engine.params import EngineConfig
 
 GPU_REQUEST_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-MIN_PREFIX_BUCKET = 64
+STATIC_PARTS = 2  # a catalog's base and delta
 
 
 def bucket(n: int, buckets: tuple[int, ...] | None) -> int | None:
@@ -49,44 +51,6 @@ def bucket(n: int, buckets: tuple[int, ...] | None) -> int | None:
     if not buckets:
         return n
     return next((b for b in sorted(buckets) if b >= n), None)
-
-
-def prefix_bucket(longest: int) -> int:
-    """Prefix capacity of a search whose longest prompt has ``longest`` tokens: the next
-    power of two, at least :data:`MIN_PREFIX_BUCKET`."""
-    return max(MIN_PREFIX_BUCKET, next_power_of_two(longest))
-
-
-class SearchBuffers:
-    """The static buffers of one search shape: ``requests`` (rows), ``width``,
-    ``prefix_cap``, ``levels``."""
-
-    def __init__(self, model: DecoderLM, requests: int, width: int, prefix_cap: int,
-                 levels: int) -> None:
-        cfg, dev = model.config, model.device
-        self.requests, self.width, self.levels = requests, width, levels
-        n_beams, tail = requests * width, max(levels - 1, 1)
-        self.cache = KVCache(cfg.num_hidden_layers, requests, prefix_cap, n_beams, tail,
-                             cfg.num_key_value_heads, cfg.head_dim, model.dtype, dev)
-        self.hidden = torch.zeros(requests, cfg.hidden_size, dtype=model.dtype, device=dev)
-        self.prefix_len = torch.zeros(requests, dtype=torch.long, device=dev)
-        # ancestry of the level-0 beams: every row reads its own slots
-        self.ancestry = torch.arange(n_beams, device=dev)[:, None].repeat(1, tail)
-        self._nbytes = self.cache.nbytes() + sum(t.numel() * t.element_size() for t in (
-            self.hidden, self.prefix_len, self.ancestry))
-
-    def load(self, hidden: torch.Tensor, prefix_len: torch.Tensor) -> None:
-        """Copy the prompts' hidden states [R, H] and prefix lengths [R] in (R <= rows)."""
-        r = hidden.shape[0]
-        self.hidden[:r].copy_(hidden)
-        self.prefix_len[:r].copy_(prefix_len)
-        if r < self.requests:  # padding requests: no prefix
-            self.hidden[r:].zero_()
-            self.prefix_len[r:].zero_()
-
-    def nbytes(self) -> int:
-        """Bytes of the buffers (fixed when made)."""
-        return self._nbytes
 
 
 def _shape_of(lists: list[list[LevelLists]]) -> tuple:
@@ -101,7 +65,7 @@ class BeamRunner:
     def __init__(self, model: DecoderLM, buffers: SearchBuffers, parts: list[SemanticTrie],
                  level_offsets: list[int], lists: list[list[LevelLists]],
                  restricted: list[torch.Tensor | None], graph: bool,
-                 pool: object | None = None, capture_lock: threading.Lock | None = None
+                 pool: object | None = None, capture_lock: DeviceLock | None = None
                  ) -> None:
         # lists: padded to the buffers' rows (:func:`padded_lists`); copied in by load
         self.model, self.buffers, self.parts = model, buffers, parts
@@ -113,11 +77,12 @@ class BeamRunner:
                                                               device=model.device)
                            for r in restricted]
         self.use_graph, self.pool = graph, pool
-        self.capture_lock = capture_lock or threading.Lock()
+        self.capture_lock = capture_lock or DeviceLock()
         self.graph: torch.cuda.CUDAGraph | None = None
         self.items = torch.full((rows, buffers.width), -1, dtype=torch.long,
                                 device=model.device)
         self.scores = torch.zeros(rows, buffers.width, device=model.device)
+        self.static: StaticSearch | None = None  # capacity-sized inputs (static runners)
 
     def load(self, lists: list[list[LevelLists]], restricted: list[torch.Tensor | None]
              ) -> None:
@@ -169,22 +134,41 @@ class RunnerConfig:
     """``request_buckets``: request counts a search is padded to (``None``: its own count);
     ``graphs``: capture runners as CUDA graphs (CUDA only); ``max_runners``: runners (and
     buffer sets) kept, least recently used dropped; ``max_bytes``: the most bytes of buffer
-    sets kept (a search larger than that still runs, on buffers dropped by the next shape)."""
+    sets kept (the memory budget's share, :attr:`MemoryBudget.search_buffers`; a search larger
+    than that still runs, on buffers dropped after it); ``static``: runners read the catalog
+    and the filter lists from capacity-sized copies (:mod:`genrec.engine.static_search`), so
+    one runner serves every catalog version and filter size that fits."""
 
     request_buckets: tuple[int, ...] | None = None
     graphs: bool = False
     max_runners: int = 8
     max_bytes: int = 2 << 30
+    static: bool = False
 
 
-def runner_config(config: EngineConfig, device: torch.device) -> RunnerConfig:
-    """The runners an engine of ``config`` uses on ``device``."""
+@dataclass(frozen=True)
+class PoolStats:
+    """What a :class:`RunnerPool` keeps now: ``buffer_sets``, ``runners`` and the buffers'
+    ``bytes``; ``runners_made``: runners made since it was built (a runner made again for a
+    shape seen before was dropped in between: on CUDA, a graph captured again)."""
+
+    buffer_sets: int
+    runners: int
+    bytes: int
+    runners_made: int
+
+
+def runner_config(config: EngineConfig, device: torch.device, budget: MemoryBudget
+                  ) -> RunnerConfig:
+    """The runners an engine of ``config`` uses on ``device`` within ``budget``."""
     cuda = device.type == "cuda"
     buckets = config.search_request_buckets
     if buckets is None and cuda:
         buckets = GPU_REQUEST_BUCKETS
-    return RunnerConfig(tuple(buckets) if buckets else None, cuda and config.cuda_graphs,
-                        config.max_search_runners, config.max_search_buffer_bytes)
+    graphs = cuda and config.cuda_graphs
+    static = graphs if config.static_search is None else config.static_search
+    return RunnerConfig(tuple(buckets) if buckets else None, graphs,
+                        config.max_search_runners, budget.search_buffers, static)
 
 
 class RunnerPool:
@@ -196,11 +180,34 @@ class RunnerPool:
         self._lock = threading.Lock()
         self._buffers: OrderedDict[tuple, SearchBuffers] = OrderedDict()
         self._runners: OrderedDict[tuple, BeamRunner] = OrderedDict()
-        # held while a graph is captured; a thread preparing batches on the same device (the
-        # server's overlap) takes it around its device work
-        self.capture_lock = threading.Lock()
+        # the device's lock (genrec.utils.device_lock): held while a graph is captured, and by
+        # device work beside the batches (the server's preparing thread, catalog builds)
+        self.capture_lock = device_lock(model.device)
         # one memory pool for every graph of this engine (searches and scoring grids)
         self.graph_pool = torch.cuda.graph_pool_handle() if config.graphs else None
+        self._made = 0
+
+    def stats(self) -> PoolStats:
+        """What the pool keeps now (see :class:`PoolStats`)."""
+        with self._lock:
+            return PoolStats(len(self._buffers), len(self._runners),
+                             sum(b.nbytes() for b in self._buffers.values()), self._made)
+
+    def release(self) -> None:
+        """Drop every kept buffer set and runner (their graphs with them): after an
+        out-of-memory error, or to make room for a larger batch."""
+        with self._lock:
+            self._evict(0, 0)
+
+    def buffer_bytes(self, requests: int, width: int, prefix_cap: int, levels: int) -> int:
+        """Bytes of the buffers of a search shape (made or not)."""
+        return SearchBuffers.bytes_for(self.model.config, self.model.dtype, requests, width,
+                                       prefix_cap, levels)
+
+    def keeps(self, requests: int, width: int, prefix_cap: int, levels: int) -> bool:
+        """Whether buffers of this shape are kept after their search (they fit the budget's
+        share for search buffers)."""
+        return self.buffer_bytes(requests, width, prefix_cap, levels) <= self.config.max_bytes
 
     def buffers(self, requests: int, width: int, prefix_cap: int, levels: int
                 ) -> SearchBuffers:
@@ -243,9 +250,38 @@ class RunnerPool:
         if found is None:
             found = BeamRunner(self.model, buffers, parts, level_offsets, lists, restricted,
                                graph, self.graph_pool, self.capture_lock)
+            self._made += 1
         self._runners[key] = found
         while len(self._runners) > self.config.max_runners:
             self._runners.popitem(last=False)
+        return found
+
+    def _static_runner(self, buffers: SearchBuffers, parts: list[SemanticTrie],
+                       level_offsets: list[int], lists: list[list[LevelLists]],
+                       restricted: list[torch.Tensor | None], graph: bool) -> BeamRunner:
+        # the runner of these buffers and catalog structure, its capacities grown (and its
+        # graph captured again) only when the catalog or the filters outgrow them; loaded
+        sizes, rows, dev = parts[0].codebook_sizes, buffers.requests, self.model.device
+        missing = STATIC_PARTS - len(parts)  # a catalog without a delta: an empty one
+        full_parts: list[SemanticTrie | None] = [*parts, *[None] * missing]
+        full_lists = lists + [[(None, None, None)] * len(sizes)] * missing
+        full_restricted = restricted + [None] * missing
+        keys = [structure(p, sizes) for p in full_parts]
+        key = ("static", id(buffers), tuple(level_offsets), tuple(keys), graph)
+        found = self._runners.pop(key, None)
+        if found is None or not found.static.fits(full_parts, full_lists):
+            static = StaticSearch.fitting(keys, full_parts, full_lists, dev,
+                                          found.static if found is not None else None)
+            padded, flags = static.padded(full_lists, full_restricted, rows, dev)
+            found = BeamRunner(self.model, buffers, static.parts, level_offsets, padded, flags,
+                               graph, self.graph_pool, self.capture_lock)
+            found.static = static
+            self._made += 1
+        self._runners[key] = found
+        while len(self._runners) > self.config.max_runners:
+            self._runners.popitem(last=False)
+        found.static.load(full_parts)
+        found.load(*found.static.padded(full_lists, full_restricted, rows, dev))
         return found
 
     def search(self, parts: list[SemanticTrie], filters: list[PartFilter],
@@ -270,9 +306,13 @@ class RunnerPool:
                                       buffers.cache)
         buffers.load(hidden, lens)
         lists, restricted = filter_inputs(parts, filters)
-        lists = [[padded_lists(level, rows) for level in part] for part in lists]
-        runner = self.runner(buffers, parts, level_offsets, lists, restricted, graph)
-        runner.load(lists, restricted)
+        if self.config.static:
+            runner = self._static_runner(buffers, parts, level_offsets, lists, restricted,
+                                         graph)
+        else:
+            lists = [[padded_lists(level, rows) for level in part] for part in lists]
+            runner = self.runner(buffers, parts, level_offsets, lists, restricted, graph)
+            runner.load(lists, restricted)
         out = runner.run()
         # copies: the buffers belong to the next search
         result = BeamResult(out.items[:n_req].clone(), out.scores[:n_req].clone())

@@ -186,35 +186,37 @@ class CatalogState:
         ``allow`` / ``exclude`` lists (``None``: no list): O(total list size)."""
         r = len(allow)
         device = self.trie.device
+        # the rows' widths from the host lists: building the filters reads no device value
+        widths = [max((len(x) for x in lists if x), default=0) for lists in (exclude, allow)]
         filters = []
         for trie, dead, closed in zip(self.parts(), (self.base_dead, self.delta_dead),
                                       (self.base_closed, self.delta_closed), strict=False):
             pad = trie.num_items + 1
-            live = functools.partial(self._live_ranks, trie, dead)
+            live = functools.partial(self._live_ranks, trie, dead, pad)
             excluded = allowed = restricted = None
             if any(e for e in exclude if e):
-                excluded = padded_ranks(*live(exclude), r, pad)
+                excluded = padded_ranks(*live(exclude), r, pad, widths[0])
             if any(a is not None for a in allow):
                 req, ranks = live(allow)
                 if excluded is not None:  # allowed and not excluded
-                    keep = ~member_rows(excluded, req, ranks)
-                    req, ranks = req[keep], ranks[keep]
-                allowed = padded_ranks(req, ranks, r, pad)
+                    ranks = ranks.masked_fill(member_rows(excluded, req, ranks), pad)
+                allowed = padded_ranks(req, ranks, r, pad, widths[1])
                 restricted = torch.tensor([a is not None for a in allow], device=device)
             filters.append(PartFilter(dead, excluded, allowed, restricted, closed).prepare(trie))
         return filters
 
-    def _live_ranks(self, trie: SemanticTrie, dead: torch.Tensor,
+    def _live_ranks(self, trie: SemanticTrie, dead: torch.Tensor, pad: int,
                     lists: Sequence[Sequence[int] | None]) -> tuple[torch.Tensor, torch.Tensor]:
-        # (request index, rank) of each listed item that lives in ``trie`` and is not dead
+        # (request index, rank) of each listed item; ``pad`` where it does not live in
+        # ``trie`` or is dead (fixed shapes: nothing read from the device)
         req = torch.tensor([k for k, items in enumerate(lists) for _ in items or ()],
                            dtype=torch.int64, device=trie.device)
         items = torch.tensor([int(i) for items in lists for i in items or ()],
                              dtype=torch.int64, device=trie.device)
         ranks = trie.ranks(items)
         # dead ranks include the base leaves of items moved to the delta
-        keep = (ranks >= 0) & ~member(dead, ranks)
-        return req[keep], ranks[keep]
+        gone = (ranks < 0) | member(dead, ranks)
+        return req, ranks.masked_fill(gone, pad)
 
     def export(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every item's Semantic ID now, as compact CPU integers (int16 when every code fits,
@@ -259,9 +261,25 @@ class CatalogState:
         may not share a Semantic ID (retired items keep theirs). Costs O(changes + delta)."""
         return apply_update(self, upsert, retire, version, upsert_field, retire_field)
 
-    def compacted(self) -> CatalogState:
-        """The same catalog with the delta folded into a new base (O(N log N))."""
-        return compact(self)
+    def compacted(self, device: torch.device | str | None = None) -> CatalogState:
+        """The same catalog with the delta folded into a new base (O(N log N)), its tries on
+        ``device`` (default: this state's; ``"cpu"``: built on the host alone, to be moved
+        with :meth:`to`)."""
+        return compact(self, self.trie.device if device is None else device)
+
+    def to(self, device: torch.device | str) -> CatalogState:
+        """The same state with its tries and their rank lists on ``device``."""
+        def mv(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device)
+
+        def edges(closed: tuple[torch.Tensor, ...] | None) -> tuple[torch.Tensor, ...] | None:
+            return None if closed is None else tuple(mv(t) for t in closed)
+
+        return dataclasses.replace(
+            self, trie=self.trie.to(device),
+            delta_trie=None if self.delta_trie is None else self.delta_trie.to(device),
+            base_dead=mv(self.base_dead), delta_dead=mv(self.delta_dead),
+            base_closed=edges(self.base_closed), delta_closed=edges(self.delta_closed))
 
     def rebased(self, compacted: CatalogState) -> CatalogState:
         """This catalog over ``compacted`` (the compaction of an earlier state of this one):

@@ -135,11 +135,11 @@ def with_delta(
         base_closed=dead_edges(trie, base_dead), delta_closed=delta_closed, version=version)
 
 
-def compact(state: CatalogState) -> CatalogState:
+def compact(state: CatalogState, device: torch.device | str) -> CatalogState:
     """See :meth:`CatalogState.compacted`."""
     active = torch.ones(state.num_items, dtype=torch.bool)
     active[state.retired_items] = False
-    return type(state).build(state.vocab, state.trie.device, active, state.version)
+    return type(state).build(state.vocab, device, active, state.version)
 
 
 def rebase(state: CatalogState, compacted: CatalogState) -> CatalogState:

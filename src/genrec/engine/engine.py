@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from genrec.engine.beam_runner import RunnerPool, runner_config
 from genrec.engine.catalog_state import CatalogState
 from genrec.engine.chunked import forward_chunked
 from genrec.engine.inputs import InputError, Part, build_input_embeds
+from genrec.engine.memory import take_budget
 from genrec.engine.params import (
     BeamParams,
     EngineConfig,
@@ -30,6 +32,7 @@ from genrec.kernels import cascade_attention_op
 from genrec.model.checkpoint import load_model
 from genrec.model.decoder import DecoderLM
 from genrec.utils.allocator import keep_freed_memory
+from genrec.utils.device_lock import DeviceLock
 
 
 class Engine:
@@ -37,7 +40,9 @@ class Engine:
     (:meth:`score`) and generative retrieval by constrained beam search (:meth:`recommend`).
 
     The engine holds no per-request state: a rejected request leaves it as it was. Its beam
-    searches reuse static buffers (:attr:`searches`), one search at a time.
+    searches reuse static buffers (:attr:`searches`), one search at a time, kept within half
+    of :attr:`memory`, the memory budget taken when the engine is built
+    (:mod:`genrec.engine.memory`).
     """
 
     def __init__(
@@ -51,7 +56,11 @@ class Engine:
             cascade_attention_op()  # built (once per machine) now, not in the first request
         self.item_table: ItemTable | None = None
         self.catalog: CatalogState | None = None  # the generative catalog, swapped whole
-        self.searches = RunnerPool(self.model, runner_config(self.config, self.model.device))
+        # taken once, after the weights are on the device (logged)
+        self.memory = take_budget(self.model.device, self.config.memory_fraction,
+                                  self.config.memory_budget_bytes)
+        self.searches = RunnerPool(self.model, runner_config(self.config, self.model.device,
+                                                             self.memory))
         # scoring grids share the searches' settings, capture lock and graph pool; on by
         # default on CUDA only (on the CPU the packed path is faster)
         on = self.config.score_runners
@@ -151,6 +160,25 @@ class Engine:
             model.model.embed_tokens, batch.inputs, item_table or self.item_table,
             model.user_projector,
         )
+
+    def device_work(self) -> DeviceLock:
+        """The lock of the engine's device (a context manager): hold it around device work
+        that may run beside the engine's batches, so that it never overlaps a CUDA graph
+        capture (:mod:`genrec.utils.device_lock`)."""
+        return self.searches.capture_lock
+
+    def held_bytes(self) -> int:
+        """Bytes the engine keeps between calls: its search buffers and scoring grids."""
+        return self.searches.stats().bytes + self.scorers.nbytes()
+
+    def release_caches(self) -> None:
+        """Drop the kept search buffers, scoring grids and their graphs, and hand the freed
+        device memory back (after an out-of-memory error; the next call makes them again)."""
+        self.searches.release()
+        self.scorers.release()
+        gc.collect()
+        if self.model.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def set_item_table(self, table: ItemTable) -> None:
         """Install an item table (moved to the model's device and dtype) in one swap.

@@ -63,8 +63,14 @@ class EngineConfig:
     ``cuda_graphs`` captures each as a CUDA graph on a GPU (``False``: the same runners,
     eager); ``search_request_buckets`` are the request counts a search is padded to (default:
     powers of two up to 64 on CUDA, none on the CPU, where padding only costs);
-    ``max_search_runners`` runners and at most ``max_search_buffer_bytes`` of their buffers
-    are kept (least recently used dropped). ``score_runners``: scoring batches whose
+    ``static_search``: runners read the catalog and filter lists from capacity-sized copies,
+    so one runner (one graph) serves every catalog version and filter size that fits
+    (``genrec.engine.static_search``; default: with CUDA graphs). ``max_search_runners``
+    runners and buffers up to half the memory budget are kept (least
+    recently used dropped). The memory budget (``genrec.engine.memory``) is
+    ``memory_fraction`` of the memory free when the engine is built (the device's; RAM on the
+    CPU), or ``memory_budget_bytes`` where given; requests are admitted against it.
+    ``score_runners``: scoring batches whose
     candidates have one length run on fixed grids (``genrec.engine.score_runner``; captured
     too with ``cuda_graphs``); default: on CUDA only.
     """
@@ -75,7 +81,9 @@ class EngineConfig:
     cuda_graphs: bool = True
     search_request_buckets: tuple[int, ...] | None = None
     max_search_runners: int = 8
-    max_search_buffer_bytes: int = 2 << 30
+    static_search: bool | None = None
+    memory_fraction: float = 0.8
+    memory_budget_bytes: int | None = None
     score_runners: bool | None = None
 
 

@@ -19,11 +19,13 @@ from dataclasses import dataclass
 import torch
 
 from genrec.engine.batch import PackedBatch
-from genrec.engine.beam_runner import RunnerPool, bucket, prefix_bucket
+from genrec.engine.beam_runner import RunnerPool, bucket
 from genrec.engine.params import ScoreParams
+from genrec.engine.search_buffers import prefix_bucket
 from genrec.model.decoder import DecoderLM
 from genrec.model.score_grid import ScoreGridLayout
 from genrec.utils.cuda_graphs import capture
+from genrec.utils.device_lock import DeviceLock
 from genrec.utils.sizes import next_power_of_two
 
 MAX_GRID_TOKENS = 1 << 16
@@ -73,10 +75,10 @@ class ScoreRunner:
     """The static buffers (and, on CUDA, the graph) of one :class:`GridKey`."""
 
     def __init__(self, model: DecoderLM, key: GridKey, graph: bool,
-                 pool: object | None = None, capture_lock: threading.Lock | None = None
+                 pool: object | None = None, capture_lock: DeviceLock | None = None
                  ) -> None:
         self.model, self.key, self.use_graph, self.pool = model, key, graph, pool
-        self.capture_lock = capture_lock or threading.Lock()
+        self.capture_lock = capture_lock or DeviceLock()
         dev, hidden = model.device, model.config.hidden_size
         tokens = key.requests * (key.prefix_cap + key.width * key.branch_len)
         self.embeds = torch.zeros(tokens, hidden, dtype=model.dtype, device=dev)
@@ -123,7 +125,7 @@ class ScoreRunner:
         if not self.use_graph:
             return self._forward()
         if self.graph is None:
-            with self.capture_lock:  # no other device work of this engine meanwhile
+            with self.capture_lock:  # no other device work on this device meanwhile
                 self.graph = capture(lambda: self.out.copy_(self._forward()), self.pool)
         self.graph.replay()
         return self.out
@@ -142,6 +144,16 @@ class ScoreRunnerPool:
         self.capture_lock, self._pool = searches.capture_lock, searches.graph_pool
         self._runners: OrderedDict[GridKey, ScoreRunner] = OrderedDict()
         self._lock = threading.Lock()
+
+    def nbytes(self) -> int:
+        """Bytes of the grids' buffers kept now."""
+        with self._lock:
+            return sum(r.nbytes for r in self._runners.values())
+
+    def release(self) -> None:
+        """Drop every kept grid runner (their buffers and graphs)."""
+        with self._lock:
+            self._runners.clear()
 
     def key(self, batch: PackedBatch, params: ScoreParams) -> GridKey | None:
         """The grid ``batch`` runs on, ``None`` for the packed path."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from genrec.model.attend import attend_cuda, attend_math, cuda_fused_ok
+from genrec.model.attend import attend, attend_math, cuda_fused_ok
 
 _NEG_INF = float("-inf")
 
@@ -140,8 +140,8 @@ def _branch_attention_fused(
     mask = torch.zeros(n_req, 1, 1, cap, dtype=q.dtype, device=q.device).masked_fill(
         ~seen[:, None, None, :], _NEG_INF)
     qa = q.view(n_req, width * n_q, heads, dim).transpose(1, 2)
-    o_a, lse_a = attend_cuda(qa, prefix_k.transpose(1, 2), prefix_v.transpose(1, 2), mask,
-                             False, scale)
+    o_a, lse_a = attend(qa, prefix_k.transpose(1, 2), prefix_v.transpose(1, 2), mask, False,
+                        scale)
     o_a = o_a.transpose(1, 2).reshape(-1, heads, dim).float()
     lse_a = lse_a.transpose(1, 2).reshape(-1, heads)
     empty = (used == 0).repeat_interleave(width * n_q, output_size=nb * n_q)[:, None]  # [T, 1]

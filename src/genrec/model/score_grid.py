@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from genrec.model.attend import attend
+from genrec.model.attend import attend_output
 from genrec.model.beam_step import branch_attention
 
 _RUN_ROWS = 64  # prefix query rows per run of the native kernel
@@ -103,7 +103,8 @@ def grid_attention_portable(
     n_req, cap = layout.num_requests, layout.prefix_cap
     heads, dim = q.shape[1], q.shape[2]
     qp = q[: layout.num_prefix_rows].view(n_req, cap, heads, dim).transpose(1, 2)
-    out_p, _ = attend(qp, prefix_k.transpose(1, 2), prefix_v.transpose(1, 2), None, True, scale)
+    out_p = attend_output(qp, prefix_k.transpose(1, 2), prefix_v.transpose(1, 2), None, True,
+                          scale)
     out_p = out_p.transpose(1, 2).reshape(-1, heads, dim)
     out_c = branch_attention(q[layout.num_prefix_rows :], prefix_k, prefix_v, layout.used,
                              own_k, own_v, layout.width, causal=True, scale=scale)

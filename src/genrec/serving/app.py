@@ -2,7 +2,8 @@
 
 Every error is JSON ``{"detail": "<message naming the field>"}``: bad input 422 (schema or
 engine ``InputError``), missing or wrong API key 401 (:mod:`genrec.serving.auth`),
-unavailable feature 400, unknown model 404, body too large 413, queue full or draining 503
+unavailable feature 400, unknown model 404, body too large or a request over the memory budget
+413, queue full, draining or a batch that does not fit in memory now (or ran out of it) 503
 with ``Retry-After`` (also when the engine process is gone), deadline passed 504. On the
 OpenAI-style routes (``/v1/completions``, ``/v1/models``) the same errors come in OpenAI's
 shape, ``{"error": {"message", "type", "param", "code"}}`` (:mod:`genrec.serving.openai_api`).
@@ -23,6 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from genrec.engine import Engine
 from genrec.engine.ensemble import Ensemble
 from genrec.serving import schemas as S
+from genrec.serving.admission import Admission, MemoryBusyError, RequestTooLargeError
 from genrec.serving.auth import ApiKeyMiddleware
 from genrec.serving.backends import CatalogUpdater, Ranker
 from genrec.serving.engine_process import EngineGoneError
@@ -181,12 +183,15 @@ def build_app(worker: BatchWorker, *, tokenizer: Any = None,
     """
     config = config or ServeConfig()
     metrics = ServerMetrics(lambda: scheduler.queue_depth(), lambda: worker.catalog_version,
-                            worker.catalog_stats)
-    scheduler = BatchScheduler(worker.run, config.max_batch_size, config.max_wait_ms,
-                               config.max_queue, observer=lambda message, size, seconds:
+                            worker.catalog_stats, worker.engine.memory.total)
+    admission = Admission(worker.engine, metrics.observe_split)
+    stages = overlap_stages(worker, config.overlap)
+    scheduler = BatchScheduler(admission.runner(worker.run), config.max_batch_size,
+                               config.max_wait_ms, config.max_queue,
+                               observer=lambda message, size, seconds:
                                metrics.observe_batch(message.kind, size, seconds),
-                               stages=overlap_stages(worker, config.overlap))
-    service = Service(worker, scheduler, tokenizer, config.model_name)
+                               stages=admission.stages(stages) if stages else None)
+    service = Service(worker, scheduler, tokenizer, config.model_name, admission)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -244,6 +249,16 @@ def _map_errors(app: FastAPI, metrics: ServerMetrics, config: ServeConfig) -> No
 
     @app.exception_handler(EngineGoneError)
     async def _gone(_: Request, err: EngineGoneError) -> JSONResponse:
+        return _error(503, str(err), {"Retry-After": str(config.retry_after_s)})
+
+    @app.exception_handler(RequestTooLargeError)
+    async def _too_large(_: Request, err: RequestTooLargeError) -> JSONResponse:
+        metrics.reject("too_large")
+        return _error(413, str(err))
+
+    @app.exception_handler(MemoryBusyError)
+    async def _memory(_: Request, err: MemoryBusyError) -> JSONResponse:
+        metrics.reject("memory")
         return _error(503, str(err), {"Retry-After": str(config.retry_after_s)})
 
     @app.exception_handler(DeadlineExceededError)

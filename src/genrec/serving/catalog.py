@@ -271,7 +271,8 @@ class ServiceCatalog:
         # the next generative state of ``rows`` (the update in rows), built on the installed
         # state; ``rows.ids`` must be built on the installed id map
         base_ids, base = self.ids, self.engine.catalog
-        state, mine = self._generative(op, rows.data, base)
+        with self.engine.device_work():  # its device work never overlaps a graph capture
+            state, mine = self._generative(op, rows.data, base)
         return PreparedUpdate(op, data, base, base_ids, rows, state, mine)
 
     def apply(self, update: PreparedUpdate | tuple[str, list]) -> CatalogChange:

@@ -176,8 +176,12 @@ class Compactor(BackgroundTask):
         size = int(snapshot.delta_items.numel())
         outcome = FAILED
         try:
-            compacted = snapshot.compacted()
-            with self.lock:
+            # built on the host (seconds at 10M items: no device lock held), moved to the
+            # device and installed under the device's lock, then the catalog's (the order
+            # the preparing thread takes them in)
+            compacted = snapshot.compacted("cpu")
+            with self.engine.device_work(), self.lock:
+                compacted = compacted.to(snapshot.trie.device)
                 current = self.engine.catalog
                 if not self._closed and current is not None and grew_from(current, snapshot):
                     self.engine.set_catalog(current.rebased(compacted))  # same version

@@ -6,12 +6,17 @@
 - ``genrec_queue_depth``: requests waiting for the engine;
 - ``genrec_catalog_version``: the catalog version being served;
 - ``genrec_rejected_total{reason}``: requests refused for load (queue_full, draining, deadline,
-  catalog_behind: a replica that has not reached the request's min_catalog_version);
+  catalog_behind: a replica that has not reached the request's min_catalog_version; memory: a
+  batch that did not fit in memory now or ran out of it; too_large: a request over the memory
+  budget alone);
+- ``genrec_batch_splits_total``: batches split into runs that fit the memory budget;
 - ``genrec_catalog_delta_items``: items in the generative catalog's delta (changes since its
   last compaction), ``genrec_catalog_compacting``: 1 while a background compaction runs,
   ``genrec_catalog_compaction_seconds{outcome}``: finished compactions (installed, dropped,
   failed) and their wall time; of the engine that searches (the engine process's with
-  ``--engine-process``), present when there is a generative catalog.
+  ``--engine-process``), present when there is a generative catalog;
+- ``genrec_memory_budget_bytes``: the engine's memory budget, taken at start (a fraction of the
+  device's free memory, of the available RAM on the CPU; ``genrec.engine.memory``).
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ class ServerMetrics:
     content_type = CONTENT_TYPE_LATEST
 
     def __init__(self, queue_depth: Callable[[], int], catalog_version: Callable[[], int],
-                 catalog_stats: Callable[[], CatalogStats | None] | None = None) -> None:
-        """``catalog_stats``: the generative catalog's stats, drained at each render."""
+                 catalog_stats: Callable[[], CatalogStats | None] | None = None,
+                 memory_budget: int | None = None) -> None:
+        """``catalog_stats``: the generative catalog's stats, drained at each render;
+        ``memory_budget``: the engine's budget in bytes (no gauge when ``None``)."""
         self.registry = CollectorRegistry()
         self.catalog_stats = catalog_stats
         self._catalog_metrics: tuple[Gauge, Gauge, Histogram] | None = None
@@ -50,12 +57,17 @@ class ServerMetrics:
                                        ["kind"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.rejected = Counter("genrec_rejected", "Requests refused for load or deadline.",
                                 ["reason"], registry=self.registry)
+        self.splits = Counter("genrec_batch_splits", "Batches split to fit the memory budget.",
+                              registry=self.registry)
         depth = Gauge("genrec_queue_depth", "Requests waiting for the engine.",
                       registry=self.registry)
         depth.set_function(lambda: float(queue_depth()))
         version = Gauge("genrec_catalog_version", "Catalog version being served.",
                         registry=self.registry)
         version.set_function(lambda: float(catalog_version()))
+        if memory_budget is not None:
+            Gauge("genrec_memory_budget_bytes", "The engine's memory budget in bytes, taken at "
+                  "start.", registry=self.registry).set(memory_budget)
 
     def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
         """Count one answered request and record its latency."""
@@ -66,6 +78,10 @@ class ServerMetrics:
         """Record one engine batch of ``kind`` (a message's kind: ``recommend``, ...)."""
         self.batch_size.labels(kind=kind).observe(size)
         self.batch_seconds.labels(kind=kind).observe(seconds)
+
+    def observe_split(self) -> None:
+        """Count one batch split into runs that fit the memory budget."""
+        self.splits.inc()
 
     def reject(self, reason: str) -> None:
         """Count a request refused for ``reason``."""

@@ -23,6 +23,7 @@ import torch
 from genrec.engine import RecommendRequest, ScoreRequest
 from genrec.engine.catalog_state import CatalogState
 from genrec.serving import schemas as S
+from genrec.serving.admission import Admission
 from genrec.serving.backends import RankRequest
 from genrec.serving.catalog import CatalogChange, PreparedUpdate, ServiceCatalog
 from genrec.serving.completions import item_text, parse_prompt
@@ -68,8 +69,9 @@ class Service:
     ``/v1/score`` into token ids, ``model_name`` is the answers' default ``model``."""
 
     def __init__(self, worker: BatchWorker, scheduler: BatchScheduler, tokenizer: Any = None,
-                 model_name: str = "genrec") -> None:
+                 model_name: str = "genrec", admission: Admission | None = None) -> None:
         self.worker, self.scheduler = worker, scheduler
+        self.admission = admission or Admission(worker.engine)
         self.engine, self.ranker = worker.engine, worker.ranker
         self.tokenizer, self.model_name = tokenizer, model_name
         self._seq = itertools.count()
@@ -167,6 +169,7 @@ class Service:
         allow = ids.rows(body.allow, "allow") if body.allow is not None else None
         request = self._recommend_request(history, body.user_vector, exclude, allow)
         n = body.beam_width if body.rerank else body.n
+        self.admission.check(RecommendBatch(body.beam_width, n), request, "beam_width")
         for attempt in range(3):
             found = await self.scheduler.submit(RecommendBatch(body.beam_width, n), request,
                                                 deadline_ms)
@@ -286,6 +289,7 @@ class Service:
         version = self.catalog_version()
         if requests:
             message = ScoreBatch(tuple(body.label_token_ids), body.apply_softmax)
+            self.admission.check(message, requests, "items")
             result = await self.scheduler.submit(message, requests, deadline_ms)
             values = torch.cat(result.value, dim=0)
             scores = (values if body.apply_softmax else values.exp()).tolist()
@@ -315,6 +319,7 @@ class Service:
         history, text = parse_prompt(self._catalog(), body.prompt, body.user_vector,
                                      lambda t: self._tokens(t, "prompt", False))
         request = self._recommend_request(history, body.user_vector, field="prompt", text=text)
+        self.admission.check(RecommendBatch(best_of, body.n), request, "best_of")
         found = await self.scheduler.submit(RecommendBatch(best_of, body.n), request,
                                             deadline_ms)
         rec, version = found.value, self.fresh(found.catalog_version, body.min_catalog_version)
