@@ -123,7 +123,6 @@ def test_service_catalog_is_all_or_nothing() -> None:
 
 
 def test_http_catalog_updates_change_recommend() -> None:
-    pytest.importorskip("fastapi")
     import httpx
     from serving_support import Updater, post
 

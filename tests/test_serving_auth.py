@@ -7,7 +7,6 @@ import logging
 
 import pytest
 
-pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
 from fastapi import FastAPI

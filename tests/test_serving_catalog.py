@@ -171,7 +171,6 @@ def test_prepared_updates_swap_in_or_are_rebuilt() -> None:
 
 
 def test_endpoints_over_a_catalog_with_a_delta() -> None:
-    pytest.importorskip("fastapi")
     import httpx
 
     from genrec.serving import BackgroundServer, ServeConfig, create_app
@@ -230,7 +229,6 @@ def test_endpoints_over_a_catalog_with_a_delta() -> None:
 
 
 def test_the_engine_process_compacts_its_own_catalog(checkpoint: Path) -> None:
-    pytest.importorskip("fastapi")
     import httpx
 
     from genrec.serving import BackgroundServer, ServeConfig

@@ -60,7 +60,6 @@ def test_model_ids_fall_back_to_row_numbers() -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
-    pytest.importorskip("fastapi")
     from serving_support import is_ready
 
     from genrec.serving.server import free_port

@@ -20,12 +20,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
-
-pytest.importorskip("fastapi")
-
-import httpx
 from serving_durable_server import SIZES, durable_engine, item_name
 from serving_support import is_ready
 

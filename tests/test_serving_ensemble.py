@@ -39,7 +39,6 @@ def _offline(ensemble: Ensemble, body: dict, catalog) -> tuple[list[int], list[f
 @pytest.mark.parametrize("engine_process", [False, True])
 def test_recommend_is_the_offline_ensemble_across_catalog_updates(
         tmp_path: Path, engine_process: bool) -> None:
-    pytest.importorskip("fastapi")
     import httpx
 
     from genrec.serving import BackgroundServer, ServeConfig
@@ -75,7 +74,6 @@ def test_recommend_is_the_offline_ensemble_across_catalog_updates(
 
 
 def test_members_that_cannot_be_ensembled_are_refused(tmp_path: Path) -> None:
-    pytest.importorskip("fastapi")
     from genrec.serving.launch import AppSpec, load_app
 
     plain = _checkpoint(tmp_path / "plain", 1)

@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
 import httpx

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import torch
 
-pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
 import httpx

@@ -28,7 +28,6 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
 import httpx

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
 import httpx

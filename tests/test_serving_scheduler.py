@@ -9,8 +9,6 @@ import time
 import pytest
 import torch
 
-pytest.importorskip("fastapi")
-
 from genrec import BeamParams, Engine, RecommendRequest, ScoreParams, ScoreRequest
 from genrec.serving.messages import RecommendBatch, ScoreBatch
 from genrec.serving.scheduler import (

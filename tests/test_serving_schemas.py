@@ -5,9 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
-pytest.importorskip("fastapi")
-
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 

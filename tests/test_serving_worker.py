@@ -10,9 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-pytest.importorskip("fastapi")
-
 from serving_support import N_ITEMS, EngineRanker, Updater, tiny_engine
 
 from genrec import BeamParams, Engine, RecommendRequest, ScoreParams, ScoreRequest
