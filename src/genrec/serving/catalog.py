@@ -265,14 +265,16 @@ class ServiceCatalog:
         batches) only swaps it in. Raises ``ValueError`` naming the field (and the ids)."""
         data = list(data)
         self._checked(op, data)
-        return self._prepared(op, data, to_rows(self.ids, op, data, self.generative))
+        # off the engine's thread: its device work never overlaps a graph capture (the device
+        # lock first, as compaction takes it before the catalog's)
+        with self.engine.device_work():
+            return self._prepared(op, data, to_rows(self.ids, op, data, self.generative))
 
     def _prepared(self, op: str, data: list, rows: RowUpdate) -> PreparedUpdate:
         # the next generative state of ``rows`` (the update in rows), built on the installed
         # state; ``rows.ids`` must be built on the installed id map
         base_ids, base = self.ids, self.engine.catalog
-        with self.engine.device_work():  # its device work never overlaps a graph capture
-            state, mine = self._generative(op, rows.data, base)
+        state, mine = self._generative(op, rows.data, base)
         return PreparedUpdate(op, data, base, base_ids, rows, state, mine)
 
     def apply(self, update: PreparedUpdate | tuple[str, list]) -> CatalogChange:
