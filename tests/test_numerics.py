@@ -101,14 +101,14 @@ def test_scores_equal_float64(checkpoint, attention_path: str, mode: str,
     assert relative_error(torch.cat(got), torch.cat(want)) < TOLERANCE
 
 
-def test_beam_scores_equal_float64(checkpoint, attention_path: str) -> None:
-    path, ref = checkpoint
-    g = torch.Generator().manual_seed(3)
+def _check_beam_scores(model, ref, seed: int, requests: list[RecommendRequest]) -> None:  # noqa: ANN001
+    """A beam search of width 16 over 60 random items: every returned score within
+    :data:`TOLERANCE` of the float64 reference's log-probability of the item's IDs."""
+    g = torch.Generator().manual_seed(seed)
     codes = torch.cartesian_prod(*[torch.arange(k) for k in SIZES])
     index = SemanticIndex(codes[torch.randperm(codes.shape[0], generator=g)[:60]], SIZES)
     vocab = SidVocab(index, max_history=8)
-    engine = Engine(load_model(path), config=EngineConfig(soft_token_id=SOFT_ID), vocab=vocab)
-    requests = [RecommendRequest(history=[3, 17, 8, 40]), RecommendRequest(history=[59])]
+    engine = Engine(model, config=EngineConfig(soft_token_id=SOFT_ID), vocab=vocab)
     recs = engine.recommend(requests, BeamParams(beam_width=16, n=8))
     got, want = [], []
     for request, rec in zip(requests, recs, strict=True):
@@ -121,6 +121,12 @@ def test_beam_scores_equal_float64(checkpoint, attention_path: str) -> None:
             got.append(torch.tensor(score))
     assert len(got) == 16
     assert relative_error(torch.stack(got), torch.stack(want)) < TOLERANCE
+
+
+def test_beam_scores_equal_float64(checkpoint, attention_path: str) -> None:
+    path, ref = checkpoint
+    _check_beam_scores(load_model(path), ref, 3,
+                       [RecommendRequest(history=[3, 17, 8, 40]), RecommendRequest(history=[59])])
 
 
 # --- checkpoints stored in bf16, as published ones are, scored in fp32 --------------------------
@@ -197,20 +203,6 @@ def test_bf16_stored_checkpoint_scores_in_fp32(bf16_checkpoint, cpu_kind: str,
 
 def test_bf16_stored_checkpoint_beam_scores_in_fp32(bf16_checkpoint, cpu_kind: str) -> None:
     path, ref = bf16_checkpoint
-    g = torch.Generator().manual_seed(5)
-    codes = torch.cartesian_prod(*[torch.arange(k) for k in SIZES])
-    index = SemanticIndex(codes[torch.randperm(codes.shape[0], generator=g)[:60]], SIZES)
-    vocab = SidVocab(index, max_history=8)
-    engine = Engine(load_model(path, dtype=torch.float32),
-                    config=EngineConfig(soft_token_id=SOFT_ID), vocab=vocab)
-    requests = [RecommendRequest(history=[3, 17, 8, 40]), RecommendRequest(history=[59, 2])]
-    got, want = [], []
-    for request, rec in zip(requests, engine.recommend(requests, BeamParams(16, 8)), strict=True):
-        prompt = vocab.prompt(request.history)
-        for item, score in zip(rec.items, rec.scores, strict=True):
-            tokens = vocab.item_tokens([item])[0].tolist()
-            logp = _reference_logprobs(ref, prompt + tokens)
-            want.append(logp[len(prompt) - 1 : -1].gather(1, torch.tensor(tokens)[:, None]).sum())
-            got.append(torch.tensor(score))
-    assert len(got) == 16
-    assert relative_error(torch.stack(got), torch.stack(want)) < TOLERANCE
+    _check_beam_scores(load_model(path, dtype=torch.float32), ref, 5,
+                       [RecommendRequest(history=[3, 17, 8, 40]),
+                        RecommendRequest(history=[59, 2])])
