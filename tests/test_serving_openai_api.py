@@ -106,7 +106,8 @@ def test_other_errors_of_openai_routes_and_genrec_routes(
     assert "error" in no_key.json() and error_message(no_key)
     # genrec's own routes keep {"detail": ...} naming the field
     r = post(named, "/v1/recommend", {"history": [999]}, **auth())
-    assert r.status_code == 422 and error_message(r).startswith("history: unknown item id")
+    assert r.status_code == 422 and error_message(r).startswith("history: none of its")
+    assert "detail" in r.json()
     app = create_app(engine, config=ServeConfig(retry_after_s=7))
     with BackgroundServer(app) as server:
         app.state.draining = True
