@@ -91,41 +91,41 @@ def test_request_buckets_pad_without_changing_results() -> None:
         assert [r.items for r in got] == [r.items for r in want]
         for a, b in zip(got, want, strict=True):
             assert torch.allclose(torch.tensor(a.scores), torch.tensor(b.scores), atol=1e-6)
-    rows = sorted(b.requests for b in padded.searches._buffers.values())
+    rows = sorted(b.requests for b in padded.searches.kept_buffers())
     assert rows == [2, 8]  # 1 -> 2, 3 and 4 -> 8
     # above the largest bucket: its own size
     many = padded.recommend(_requests() * 3, params)
     assert [r.items for r in many] == [r.items for r in exact.recommend(_requests() * 3, params)]
-    assert 12 in {b.requests for b in padded.searches._buffers.values()}
+    assert 12 in {b.requests for b in padded.searches.kept_buffers()}
 
 
 def test_buffers_are_reused_across_calls() -> None:
     engine = _engine()
     params = BeamParams(4, 4)
     first = engine.recommend(_requests()[:2], params)
-    [buffers] = engine.searches._buffers.values()
+    [buffers] = engine.searches.kept_buffers()
     pointers = [t.data_ptr() for t in buffers.cache.prefix_k + buffers.cache.branch_v]
     # other prompts of the same shape bucket: the same buffers and runner
     other = [RecommendRequest([9, 10, 11]), RecommendRequest([2, 4])]
     engine.recommend(other, params)
-    assert list(engine.searches._buffers.values()) == [buffers]
-    assert len(engine.searches._runners) == 1
+    assert list(engine.searches.kept_buffers()) == [buffers]
+    assert len(engine.searches.kept_runners()) == 1
     assert [t.data_ptr() for t in buffers.cache.prefix_k + buffers.cache.branch_v] == pointers
     assert [r.items for r in engine.recommend(_requests()[:2], params)] == [
         r.items for r in first]
     # a new catalog version: a new runner (its tries), the same buffers
     _with_delta(engine)
     engine.recommend(_requests()[:2], params)
-    assert list(engine.searches._buffers.values()) == [buffers]
-    assert len(engine.searches._runners) == 2
+    assert list(engine.searches.kept_buffers()) == [buffers]
+    assert len(engine.searches.kept_runners()) == 2
 
 
 def test_runners_are_bounded() -> None:
     engine = _engine(max_search_runners=2)
     for width in (2, 3, 4):
         engine.recommend(_requests()[:1], BeamParams(width, 1))
-    assert len(engine.searches._buffers) == 2 and len(engine.searches._runners) == 2
-    assert {b.width for b in engine.searches._buffers.values()} == {3, 4}
+    assert len(engine.searches.kept_buffers()) == 2 and len(engine.searches.kept_runners()) == 2
+    assert {b.width for b in engine.searches.kept_buffers()} == {3, 4}
 
 
 def test_buckets() -> None:
@@ -161,18 +161,18 @@ def test_search_reads_nothing_back_to_the_host(monkeypatch: pytest.MonkeyPatch,
 def test_buffers_are_bounded_in_bytes() -> None:
     probe = _engine()
     probe.recommend(_requests()[:2], BeamParams(4, 1))
-    [two] = probe.searches._buffers.values()
+    [two] = probe.searches.kept_buffers()
     # room for the larger set only: it drops the first (and its runner); kept buffers take
     # half the memory budget
     engine = _engine(memory_budget_bytes=2 * two.nbytes())
     engine.recommend(_requests()[:1], BeamParams(4, 1))
     engine.recommend(_requests()[:2], BeamParams(4, 1))
-    assert [b.requests for b in engine.searches._buffers.values()] == [2]
-    assert all(r.buffers.requests == 2 for r in engine.searches._runners.values())
+    assert [b.requests for b in engine.searches.kept_buffers()] == [2]
+    assert all(r.buffers.requests == 2 for r in engine.searches.kept_runners())
     # a set above the bound still runs, and is not kept after its search
     tiny = _engine(memory_budget_bytes=1)
     assert tiny.recommend(_requests(), BeamParams(4, 2))[0].items
-    assert not tiny.searches._buffers and not tiny.searches._runners
+    assert not tiny.searches.kept_buffers() and not tiny.searches.kept_runners()
 
 
 def test_buffer_bytes_are_known_before_allocating() -> None:

@@ -125,7 +125,7 @@ def test_graphs_equal_eager_and_replays_follow_new_inputs(cuda_model, vocab) -> 
     _assert_same(graphs.recommend(second, PARAMS), want_second, atol=1e-5)
     _assert_same(graphs.recommend(first, PARAMS), want_first, atol=1e-5)
     # the engine's runner pool: a graph was captured and kept
-    assert any(r.graph is not None for r in graphs.searches._runners.values())
+    assert any(r.graph is not None for r in graphs.searches.kept_runners())
 
 
 def test_graphs_in_bf16_equal_eager(vocab) -> None:  # noqa: ANN001
@@ -269,7 +269,7 @@ def test_graphs_follow_catalog_updates(cuda_model, cpu_model, vocab) -> None:  #
     after = gpu.recommend(reqs, PARAMS)
     assert not {i for r in after for i in r.items} & set(gone)
     _assert_same(after, cpu.recommend(reqs, PARAMS))
-    assert len(gpu.searches._runners) == 2
+    assert len(gpu.searches.kept_runners()) == 2
 
 
 @pytest.mark.parametrize("graphs", [False, True])
@@ -287,6 +287,6 @@ def test_grid_scoring_on_cuda_equals_cpu(cpu_model, cuda_model, graphs: bool) ->
         got = gpu.score_requests(batch, params)
         for g, w in zip(got, want, strict=True):
             assert torch.allclose(g, w, atol=1e-4, rtol=1e-5)
-    assert gpu.scorers._runners
+    assert gpu.scorers.kept_runners()
     if graphs:
-        assert all(r.graph is not None for r in gpu.scorers._runners.values())
+        assert all(r.graph is not None for r in gpu.scorers.kept_runners().values())

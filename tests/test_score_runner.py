@@ -51,7 +51,7 @@ def test_grid_equals_the_packed_path(parts: tuple, attention_path: str,
     packed = _engine(parts, score_runners=False).score_requests(_requests(), params)
     engine = _engine(parts, score_runners=True)
     grid = engine.score_requests(_requests(), params)
-    assert len(engine.scorers._runners) == 1
+    assert len(engine.scorers.kept_runners()) == 1
     for a, b in zip(grid, packed, strict=True):
         assert a.shape == b.shape and torch.allclose(a, b, atol=2e-6)
 
@@ -74,21 +74,22 @@ def test_request_buckets_pad_without_changing_scores(parts: tuple) -> None:
         got = padded.score_requests(_requests()[:n], LABELS)
         for a, b in zip(got, want, strict=True):
             assert torch.allclose(a, b, atol=1e-6)
-    assert sorted(k.requests for k in padded.scorers._runners) == [2, 8]
-    assert {k.width for k in padded.scorers._runners} == {8, 32}  # 7 -> 8, 20 -> 32
+    assert sorted(k.requests for k in padded.scorers.kept_runners()) == [2, 8]
+    assert {k.width for k in padded.scorers.kept_runners()} == {8, 32}  # 7 -> 8, 20 -> 32
 
 
 def test_buffers_are_reused_and_bounded(parts: tuple) -> None:
     engine = _engine(parts, score_runners=True, max_search_runners=2)
     engine.score_requests(_requests(), LABELS)
-    [runner] = engine.scorers._runners.values()
+    [runner] = engine.scorers.kept_runners().values()
     pointer = runner.embeds.data_ptr()
     engine.score_requests(_requests(seed=5), LABELS)  # other requests of the same grid
-    assert list(engine.scorers._runners.values()) == [runner]
+    assert list(engine.scorers.kept_runners().values()) == [runner]
     assert runner.embeds.data_ptr() == pointer
     for params in READOUTS[1:]:
         engine.score_requests(_requests(), params)
-    assert len(engine.scorers._runners) == 2 and runner not in engine.scorers._runners.values()
+    kept = engine.scorers.kept_runners()
+    assert len(kept) == 2 and runner not in kept.values()
 
 
 def test_other_batches_take_the_packed_path(parts: tuple,
@@ -103,7 +104,7 @@ def test_other_batches_take_the_packed_path(parts: tuple,
                           want.score_requests(loglik, ScoreParams(mode="loglik"))[0])
     monkeypatch.setattr(score_runner, "MAX_GRID_TOKENS", 16)  # above the largest grid
     engine.score_requests(_requests(), LABELS)
-    assert not engine.scorers._runners
+    assert not engine.scorers.kept_runners()
     assert not _engine(parts).scorers.enabled  # default: CUDA only
 
 
@@ -116,7 +117,7 @@ def test_grid_forward_reads_nothing_back(parts: tuple, monkeypatch: pytest.Monke
     want = engine.score_requests(_requests(), LABELS)
     batch = engine.prepare_score(_requests(), LABELS).batches[0]
     key = engine.scorers.key(batch, LABELS)
-    runner = engine.scorers._runners[key]
+    runner = engine.scorers.kept_runners()[key]
     with torch.inference_mode():  # as Engine.run_score runs it
         cands = runner.load(batch, engine.embed(batch))
         with no_host_sync():

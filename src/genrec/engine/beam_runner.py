@@ -193,6 +193,16 @@ class RunnerPool:
             return PoolStats(len(self._buffers), len(self._runners),
                              sum(b.nbytes() for b in self._buffers.values()), self._made)
 
+    def kept_buffers(self) -> list[SearchBuffers]:
+        """The buffer sets kept now, least recently used first (for inspection)."""
+        with self._lock:
+            return list(self._buffers.values())
+
+    def kept_runners(self) -> list[BeamRunner]:
+        """The runners kept now, least recently used first (for inspection)."""
+        with self._lock:
+            return list(self._runners.values())
+
     def release(self) -> None:
         """Drop every kept buffer set and runner (their graphs with them): after an
         out-of-memory error, or to make room for a larger batch."""

@@ -150,6 +150,11 @@ class ScoreRunnerPool:
         with self._lock:
             return sum(r.nbytes for r in self._runners.values())
 
+    def kept_runners(self) -> dict[GridKey, ScoreRunner]:
+        """The grid runners kept now by grid, least recently used first (for inspection)."""
+        with self._lock:
+            return dict(self._runners)
+
     def release(self) -> None:
         """Drop every kept grid runner (their buffers and graphs)."""
         with self._lock:
