@@ -15,7 +15,7 @@ from genrec.generative.vocab import SidVocab
 from genrec.model import ModelConfig, build_model
 from genrec.model.checkpoint import save_model
 from genrec.training.extend_vocab import TOKENIZER_FILES, load_text_tokenizer, start_extended
-from genrec.training.generative import init_weights
+from genrec.training.initialization import init_weights
 
 SIZES = [5, 4, 3]
 N_ITEMS = 40

@@ -16,7 +16,7 @@ from genrec.engine.inputs import InputError
 from genrec.engine.params import EngineConfig, ScoreParams
 from genrec.model.registry import build_model
 from genrec.training.duolm import ranker_config
-from genrec.training.generative import init_weights
+from genrec.training.initialization import init_weights
 
 N_ITEMS, K, HIDDEN = 30, 2, 32
 

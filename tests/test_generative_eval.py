@@ -23,7 +23,8 @@ from genrec.evaluation.generative import (
 from genrec.evaluation.metrics import ranking_metrics, target_ranks
 from genrec.generative.vocab import SOFT_ID, SidVocab
 from genrec.model import build_model
-from genrec.training.generative import init_weights, scratch_config
+from genrec.training.generative import scratch_config
+from genrec.training.initialization import init_weights
 
 N_ITEMS = 60
 KEYS = {"recall@5", "ndcg@5", "recall@10", "ndcg@10", "n_users", "beam_width"}

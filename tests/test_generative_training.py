@@ -16,12 +16,12 @@ from genrec.training.generative import (
     IGNORE,
     GenerativeTask,
     batch_loss,
-    init_weights,
     make_windows,
     scratch_config,
     token_batches,
     window_tokens,
 )
+from genrec.training.initialization import init_weights
 
 N_ITEMS, CLUSTERS = 60, 6
 

@@ -14,7 +14,8 @@ from genrec.generative.vocab import SidVocab
 from genrec.model import build_model
 from genrec.model.checkpoint import load_model
 from genrec.training.checkpoints import BEST, LAST, STATE_FILE
-from genrec.training.generative import GenerativeTask, init_weights, scratch_config
+from genrec.training.generative import GenerativeTask, scratch_config
+from genrec.training.initialization import init_weights
 from genrec.training.loop import LoopConfig, fit, warmup_cosine
 
 N_ITEMS = 30

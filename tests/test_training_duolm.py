@@ -16,7 +16,7 @@ from genrec.duolm.prompts import STUDENT_VOCAB_SIZE, StudentPrompts
 from genrec.duolm.ranker import RankRequest
 from genrec.model.registry import build_model
 from genrec.training.duolm import DuoModel, RankingTask, ranker_config
-from genrec.training.generative import init_weights
+from genrec.training.initialization import init_weights
 from genrec.training.loop import LoopConfig, fit
 
 N_ITEMS, K, HIDDEN = 24, 2, 16

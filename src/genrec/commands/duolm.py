@@ -152,7 +152,7 @@ def train_teacher(
     from genrec.model.registry import build_model
     from genrec.training.checkpoints import LAST
     from genrec.training.duolm import RankingTask, init_text_embeddings, ranker_config
-    from genrec.training.generative import init_weights
+    from genrec.training.initialization import init_weights
 
     dev = resolve_device(device, threads)
     args = {k: str(v) if isinstance(v, Path) else v for k, v in locals().items()
@@ -236,7 +236,7 @@ def train_duolm(
     from genrec.duolm.ranker import TeacherRanker
     from genrec.model.registry import build_model
     from genrec.training.duolm import DuoModel, RankingTask, ranker_config
-    from genrec.training.generative import init_weights
+    from genrec.training.initialization import init_weights
     from genrec.training.user_vectors import resolve_user_vectors
 
     dev = resolve_device(device, threads)

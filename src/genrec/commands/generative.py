@@ -138,6 +138,7 @@ def train_generative(
     from genrec.training import generative as gen
     from genrec.training import user_vectors as uv
     from genrec.training.checkpoints import LAST
+    from genrec.training.initialization import init_weights
     from genrec.training.loop import LoopConfig, fit
 
     dev = resolve_device(device, threads)
@@ -190,7 +191,7 @@ def train_generative(
                 model = build_model(gen.scratch_config(
                     vocab, hidden, layers, heads, kv_heads, head_dim, intermediate, dim,
                     item_head))
-                gen.init_weights(model)
+                init_weights(model)
         model.set_dropout(dropout)
         val = split_examples(ds.sequences, "val", max_history, val_users, seed) \
             if val_users else []

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from genrec.model import DecoderLM, ModelConfig, build_layout
-from genrec.training.generative import init_weights
+from genrec.training.initialization import init_weights
 
 
 def tiny_config(vocab_size: int, max_positions: int = 64) -> ModelConfig:

@@ -37,6 +37,7 @@ from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.generative.vocab import SidVocab
 from genrec.model.decoder import DecoderLM
 from genrec.model.registry import build_model
+from genrec.training.initialization import init_weights
 
 # the files of a Hugging Face tokenizer folder (whichever of them the checkpoint has)
 TOKENIZER_FILES = (
@@ -120,7 +121,6 @@ def extend_pretrained(
     vocabulary, and that layout (default prompt text ``text_ids``). The model normalises each
     level over its own codes (``sid_normalize="level"``); with ``user_dim`` a fresh soft-token
     projector is added (a checkpoint's own is kept when its size matches)."""
-    from genrec.training.generative import init_weights
 
     n_text = model.config.vocab_size
     vocab = SidVocab.extending(index, n_text, max_history, text_ids)
@@ -189,7 +189,6 @@ def adapt_pretrained(model: DecoderLM, vocab_size: int, user_dim: int = 0) -> De
     meaning is simply repurposed), the rest are dropped; when the checkpoint has fewer rows, new
     rows start at the mean embedding. With ``user_dim`` a fresh soft-token projector is added.
     """
-    from genrec.training.generative import init_weights
 
     cfg = dataclasses.replace(model.config, vocab_size=vocab_size, user_dim=user_dim,
                               sid_normalize="full")

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from genrec.data.split import Example
 from genrec.engine import Engine, EngineConfig
@@ -310,12 +309,3 @@ def scratch_config(
         tie_word_embeddings=True, user_dim=user_dim,
         item_head=vocab.index.num_items if item_head else 0,
     )
-
-
-def init_weights(model: nn.Module, std: float = 0.02) -> None:
-    """Normal(0, std) linear and embedding weights, zero biases (as HF initialises)."""
-    for module in model.modules():
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
