@@ -33,6 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import format_table, machine_note, write_json  # noqa: E402
+from common import start_server as start_genrec  # noqa: E402
 
 from genrec.catalog.semantic_ids import SemanticIndex  # noqa: E402
 from genrec.data import load_table_dataset  # noqa: E402
@@ -81,17 +82,7 @@ def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen:
            "--threads", str(args.threads), "--device", args.device, "--max-batch-size",
            str(args.max_batch_size), "--max-queue", "4096", "--volatile-catalog",
            "--log-level", "warning"]
-    proc = subprocess.Popen(cmd)
-    end = time.monotonic() + 120
-    while time.monotonic() < end and proc.poll() is None:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("genrec serve did not become ready")
+    return start_genrec(cmd, port)
 
 
 async def run_http(url: str, histories: list[list[str]], args: argparse.Namespace

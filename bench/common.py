@@ -404,3 +404,21 @@ def finish(json_path: str | None, payload: dict, ok: bool) -> int:
     if not ok:
         print("\nSCORES DISAGREE: the throughput figures above compare different answers.")
     return 0 if ok else 1
+
+
+def start_server(cmd: list[str], port: int, timeout_s: float = 120) -> subprocess.Popen:
+    """Start a server process (``cmd``) and wait until ``/ready`` on ``port`` answers 200;
+    killed, and RuntimeError, when it does not within ``timeout_s`` or exits."""
+    import httpx
+
+    proc = subprocess.Popen(cmd)
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end and proc.poll() is None:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("genrec serve did not become ready")

@@ -38,6 +38,7 @@ from common import (  # noqa: E402
     machine_note,
     write_json,
 )
+from common import start_server as start_genrec  # noqa: E402
 
 from genrec import BeamParams, Engine, RecommendRequest  # noqa: E402
 from genrec.catalog.semantic_ids import SemanticIndex  # noqa: E402
@@ -168,19 +169,7 @@ def start_server(args: argparse.Namespace, model: Path, port: int,
         cmd.append("--engine-process")
     if overlap != "default":
         cmd.append(f"--{'' if overlap == 'on' else 'no-'}overlap")
-    proc = subprocess.Popen(cmd)
-    import httpx
-
-    end = time.monotonic() + 120
-    while time.monotonic() < end and proc.poll() is None:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("genrec serve did not become ready")
+    return start_genrec(cmd, port)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
