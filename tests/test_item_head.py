@@ -14,7 +14,7 @@ from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.engine.retrieval import exhaustive_top
 from genrec.generative.vocab import SOFT_ID, SidVocab
 from genrec.model import load_model, save_model
-from genrec.model.item_head import ItemHead, combine
+from genrec.model.item_head import ItemHead, combine, pick
 from genrec.model.registry import build_model
 from genrec.training.generative import (
     IGNORE,
@@ -175,7 +175,7 @@ def test_item_head_log_probs_and_new_items() -> None:
     head = ItemHead(6, 4)
     hidden = torch.randn(2, 4)
     items = torch.tensor([[0, 5, 6, -1], [2, 2, 3, 7]])
-    logp = head.log_probs(hidden, items)
+    logp = pick(head.log_probs(hidden), items)
     full = torch.log_softmax(hidden @ head.weight.detach().T, -1)
     assert torch.allclose(logp[0, :2], full[0, [0, 5]])
     assert torch.isinf(logp[0, 2:]).all() and torch.isinf(logp[1, 3])
@@ -185,6 +185,22 @@ def test_item_head_log_probs_and_new_items() -> None:
     out = combine(sid, logp, valid, 1.0)
     assert out[0, 2] == logp[0, :2].min() and out[0, 3] == float("-inf")
     assert out[1, 3] == logp[1, :3].min()
+
+
+def test_items_without_a_head_row_are_still_recommended() -> None:
+    """Items added after training (beyond the head's rows) come from the beam, ranked with
+    the lowest head score of their request."""
+    engine = _engine(3)
+    cfg = dataclasses.replace(engine.model.config, item_head=N_ITEMS - 5)
+    model = build_model(cfg)
+    state = {k: v[: N_ITEMS - 5] if k == "item_head.weight" else v
+             for k, v in engine.model.state_dict().items()}
+    model.load_state_dict(state)
+    small = Engine(model, config=EngineConfig(soft_token_id=SOFT_ID), vocab=engine.vocab)
+    allow = [3, 36, 37, 38]
+    [rec] = small.recommend([RecommendRequest(history=[1, 2], allow=allow)],
+                            BeamParams(beam_width=N_ITEMS, n=4))
+    assert sorted(rec.items) == allow and all(s > float("-inf") for s in rec.scores)
 
 
 def test_bad_item_weight_is_refused() -> None:

@@ -22,7 +22,7 @@ from genrec.engine.params import (
     ScoreParams,
     ScoreRequest,
 )
-from genrec.model.item_head import combine, prompt_hidden
+from genrec.model.item_head import combine, pick, prompt_hidden
 
 if TYPE_CHECKING:
     from genrec.engine.batch import PackedBatch
@@ -71,17 +71,14 @@ def item_scores(engine: Engine, requests: Sequence[RecommendRequest],
     device = engine.model.device
     hidden = prompt_hidden(engine.model, engine.embed(batch), batch.prefix_lens,
                            batch.prefix_last.to(device))
+    logp = head.log_probs(hidden).cpu()  # [R, num_items of the head]
     out = []
     for r, row in enumerate(items):
-        pool = torch.tensor(list(row), dtype=torch.long)
-        if not row:
-            out.append(sid[r])
-            continue
-        head_scores = head.log_probs(hidden[r : r + 1], pool[None].to(device)).cpu()
-        valid = torch.ones(1, len(row), dtype=torch.bool)
-        out.append(combine(sid[r][None], head_scores, valid, weight)[0])
+        pool = torch.tensor(list(row), dtype=torch.long)[None]
+        valid = torch.ones_like(pool, dtype=torch.bool)
+        out.append(combine(sid[r][None], pick(logp[r : r + 1], pool), valid, weight)[0]
+                   if row else sid[r])
     return out
-
 
 def _allowed(requests: Sequence[RecommendRequest], catalog: CatalogState, num_items: int,
              device: torch.device) -> torch.Tensor:
@@ -113,13 +110,13 @@ def rank_with_head(
     head = model.item_head
     hidden = prompt_hidden(model, engine.embed(batch), batch.prefix_lens,
                            batch.prefix_last.to(device))
-    logp = torch.log_softmax(head.logits(hidden), dim=-1)  # [R, num_items of the head]
+    logp = head.log_probs(hidden)  # [R, num_items of the head]
     extra: list[list[int]] = [[] for _ in requests]
     wanted = params.beam_width if params.head_proposals is None else params.head_proposals
     if wanted:
         free = _allowed(requests, catalog, head.num_items, device)
-        beam = items.clamp(min=0)
-        free.scatter_(1, beam, free.gather(1, beam) & (items < 0))  # beam items are pooled
+        in_beam = (items >= 0) & (items < head.num_items)  # the beam's items are pooled
+        free[in_beam.nonzero()[:, 0], items[in_beam]] = False
         masked = torch.where(free, logp, torch.full_like(logp, float("-inf")))
         top = masked.topk(min(wanted, head.num_items), dim=1)
         for r, (row, vals) in enumerate(zip(top.indices.tolist(), top.values.tolist(),
@@ -131,9 +128,9 @@ def rank_with_head(
         mine = items[r][items[r] >= 0]
         pool = torch.cat([mine.cpu(), torch.tensor(extra[r], dtype=torch.long)])
         sid = torch.cat([scores[r][items[r] >= 0].float().cpu(), extra_sid[r]])
-        head_scores = head.log_probs(hidden[r : r + 1], pool[None].to(device))[0].cpu()
-        valid = torch.ones_like(pool, dtype=torch.bool)
-        ranked = combine(sid[None], head_scores[None], valid[None], params.item_weight)[0]
+        head_scores = pick(logp[r : r + 1], pool[None].to(device)).cpu()
+        valid = torch.ones_like(pool, dtype=torch.bool)[None]
+        ranked = combine(sid[None], head_scores, valid, params.item_weight)[0]
         # ties: the earlier proposal first (stable sort on the negated score)
         order = torch.sort(-ranked, stable=True).indices[: params.n]
         out.append(Recommendation(items=pool[order].tolist(), scores=ranked[order].tolist()))

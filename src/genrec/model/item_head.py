@@ -34,14 +34,17 @@ class ItemHead(nn.Module):
         """[N, hidden] -> [N, num_items] (fp32)."""
         return (hidden.to(self.weight.dtype) @ self.weight.T).float()
 
-    def log_probs(self, hidden: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-        """log p_head(items[n, j] | hidden[n]) over all items: [N, hidden], [N, J] -> [N, J].
-        Ids outside the head (-1 padding, items added later) give -inf."""
-        logp = torch.log_softmax(self.logits(hidden), dim=-1)
-        known = (items >= 0) & (items < self.num_items)
-        picked = logp.gather(1, torch.where(known, items, 0))
-        return torch.where(known, picked, torch.full_like(picked, float("-inf")))
+    def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        """log p_head(item | hidden) over all items: [N, hidden] -> [N, num_items] (fp32)."""
+        return torch.log_softmax(self.logits(hidden), dim=-1)
 
+
+def pick(log_probs: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+    """``log_probs`` [N, num_items] at ``items`` [N, J] -> [N, J]; ids outside the head (-1
+    padding, items added after training) give -inf."""
+    known = (items >= 0) & (items < log_probs.shape[1])
+    picked = log_probs.gather(1, torch.where(known, items, 0))
+    return torch.where(known, picked, torch.full_like(picked, float("-inf")))
 
 def item_loss(head: ItemHead, hidden: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over all items of ``items`` [N] given ``hidden`` [N, hidden]."""
