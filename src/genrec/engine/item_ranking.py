@@ -80,22 +80,26 @@ def item_scores(engine: Engine, requests: Sequence[RecommendRequest],
                    if row else sid[r])
     return out
 
-def _allowed(requests: Sequence[RecommendRequest], catalog: CatalogState, num_items: int,
-             device: torch.device) -> torch.Tensor:
-    """[R, num_items] bool: the head's items each request may be given."""
-    ok = torch.ones(len(requests), num_items, dtype=torch.bool)
-    retired = catalog.retired_items.cpu()
-    ok[:, retired[retired < num_items]] = False
+def _mask_disallowed(logp: torch.Tensor, requests: Sequence[RecommendRequest],
+                     catalog: CatalogState, beam: torch.Tensor) -> torch.Tensor:
+    """``logp`` [R, num_items] with -inf, in place, wherever request r may not be given the
+    item (retired, excluded, outside its ``allow``) or the beam already proposes it
+    (``beam`` [R, W], -1: none); returns ``logp``."""
+    n, device = logp.shape[1], logp.device
+    retired = catalog.retired_items.to(device)
+    logp[:, retired[retired < n]] = float("-inf")
     for r, q in enumerate(requests):
         if q.allow is not None:
-            keep = torch.zeros(num_items, dtype=torch.bool)
-            ids = torch.tensor([i for i in q.allow if i < num_items], dtype=torch.long)
-            keep[ids] = True
-            ok[r] &= keep
+            ids = torch.tensor([i for i in q.allow if i < n], dtype=torch.long, device=device)
+            kept = logp[r, ids].clone()
+            logp[r] = float("-inf")
+            logp[r, ids] = kept
         if q.exclude:
-            ids = torch.tensor([i for i in q.exclude if i < num_items], dtype=torch.long)
-            ok[r, ids] = False
-    return ok.to(device)
+            ids = torch.tensor([i for i in q.exclude if i < n], dtype=torch.long, device=device)
+            logp[r, ids] = float("-inf")
+    in_beam = (beam >= 0) & (beam < n)
+    logp[in_beam.nonzero()[:, 0], beam[in_beam]] = float("-inf")
+    return logp
 
 
 @torch.no_grad()
@@ -114,10 +118,7 @@ def rank_with_head(
     extra: list[list[int]] = [[] for _ in requests]
     wanted = params.beam_width if params.head_proposals is None else params.head_proposals
     if wanted:
-        free = _allowed(requests, catalog, head.num_items, device)
-        in_beam = (items >= 0) & (items < head.num_items)  # the beam's items are pooled
-        free[in_beam.nonzero()[:, 0], items[in_beam]] = False
-        masked = torch.where(free, logp, torch.full_like(logp, float("-inf")))
+        masked = _mask_disallowed(logp.clone(), requests, catalog, items)
         top = masked.topk(min(wanted, head.num_items), dim=1)
         for r, (row, vals) in enumerate(zip(top.indices.tolist(), top.values.tolist(),
                                             strict=True)):
