@@ -190,8 +190,8 @@ def test_fold_keeps_the_later_records_and_reopens_the_same(tmp_path: Path) -> No
     mark = log.mark()
     for record in records[4:7]:  # appended while the fold runs
         log.append(record)
-    assert log.fold(mark, generative(5)) and not log.due()
-    assert not log.fold(mark, generative(5))  # nothing new to fold
+    assert log.fold(mark, generative(5), ()) and not log.due()
+    assert not log.fold(mark, generative(5), ())  # nothing new to fold
     log.discard_last()  # the record appended before the swap is cut from the new file
     for record in records[6:8]:
         log.append(record)
@@ -203,7 +203,7 @@ def test_fold_keeps_the_later_records_and_reopens_the_same(tmp_path: Path) -> No
     assert stored.base.ranker == fold_ranker({}, ((r.op, r.data) for r in records[:4]))
     # a second fold folds the first base's ranker changes with the later records
     log, stored = CatalogLog.open(state)
-    log.fold(log.mark(), None)
+    log.fold(log.mark(), None, ())
     log.append(records[8])
     log.close()
     stored = read_state(state)
@@ -227,7 +227,7 @@ def test_a_crash_during_a_fold_reopens_the_same(tmp_path: Path, monkeypatch) -> 
 
     monkeypatch.setattr(catalog_log, "atomic_write", crash)  # the new log is never written
     with pytest.raises(OSError, match="disk gone"):
-        log.fold(mark, generative(3))
+        log.fold(mark, generative(3), ())
     with pytest.raises(RuntimeError, match="a write failed"):  # no appends after that
         log.append(LogRecord(7, "retire", [1]))
     log.close()
@@ -237,7 +237,7 @@ def test_a_crash_during_a_fold_reopens_the_same(tmp_path: Path, monkeypatch) -> 
     assert stored.after == stored.base.version == 4 and stored.records == tuple(records[4:])
     assert not list(state.glob(".*.tmp"))
     log.append(LogRecord(7, "retire", [1]))  # goes on after the base's records
-    assert log.fold(log.mark(), None)
+    assert log.fold(log.mark(), None, ())
     log.close()
     assert list(base_files(state)) == [7] and read_state(state).records == ()
 

@@ -416,8 +416,9 @@ class ServiceCatalog:
             self.compactor.maybe_start()
         self.ids = ids  # after the state: a request's ids never name rows it lacks
         self._version = version
-        if fold and self.folder is not None:
-            self.folder.maybe_start(self.engine.catalog)
+        if fold and self.folder is not None:  # the state and its ids, read together
+            added = tuple(ids.ids_of(range(len(self.loaded_ids), len(ids))))
+            self.folder.maybe_start(self.engine.catalog, added)
         return CatalogChange(version)
 
     def stats(self, drain: bool = True) -> CatalogStats:

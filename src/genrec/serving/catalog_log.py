@@ -282,30 +282,30 @@ class CatalogLog:
         with self._mutex:
             return LogMark(self._version, self._size, self._inode)
 
-    def fold(self, mark: LogMark, generative: GenerativeBase | None) -> bool:
+    def fold(self, mark: LogMark, generative: GenerativeBase | None,
+             ids: tuple[str, ...]) -> bool:
         """Write the base of ``mark`` (``generative``: the generative catalog as of that
-        version), then keep only the later records in the log. False: nothing to fold (or,
-        ``shared``, another process folded the log since ``mark``)."""
+        version, ``ids``: the item ids added since the model's as of it), then keep only the
+        later records in the log. False: nothing to fold (or, ``shared``, another process
+        folded the log since ``mark``)."""
         with self.hold():
             if self.shared:  # others may have appended or folded since the mark
                 scan = scan_log(self.path)
                 if scan.inode != mark.inode:
                     return False
                 self.adopt(TailState.of(scan))
-            return self._fold(mark, generative)
+            return self._fold(mark, generative, ids)
 
-    def _fold(self, mark: LogMark, generative: GenerativeBase | None) -> bool:
+    def _fold(self, mark: LogMark, generative: GenerativeBase | None,
+              ids: tuple[str, ...]) -> bool:
         if self._base_version is not None and mark.version <= self._base_version:
             return False
         scan = scan_log(self.path, mark.offset)
-        net, ids = {}, ()
+        net = {}
         if self._base_version is not None:
-            before = read_base(base_files(self.directory)[self._base_version])
-            net, ids = before.ranker, before.ids
+            net = read_base(base_files(self.directory)[self._base_version]).ranker
         done = self._base_version if self._base_version is not None else scan.header["after"]
-        records = [r for _, r in scan.records if r.version > done]
-        net = fold_ranker(net, ((r.op, r.data) for r in records))
-        ids = (*ids, *(i for r in records for i in r.ids))
+        net = fold_ranker(net, ((r.op, r.data) for _, r in scan.records if r.version > done))
         write_base(self.directory, CatalogBase(mark.version, generative, net, ids))
         with self._mutex:  # no append runs during the swap: none is lost
             self._usable()

@@ -221,22 +221,23 @@ class LogFolder(BackgroundTask):
         self.log = log
         self.completed = 0  # folds written
 
-    def maybe_start(self, state: CatalogState | None) -> bool:
+    def maybe_start(self, state: CatalogState | None, ids: tuple[str, ...]) -> bool:
         """Start a fold if the log is due and none runs; call it with the catalog's lock held,
-        after an update, ``state`` being the generative catalog as of the log's last record.
-        True when one started."""
+        after an update, ``state`` being the generative catalog as of the log's last record and
+        ``ids`` the item ids added since the model's as of that record. True when one
+        started."""
         if self._closed or not self.log.due():
             return False
-        return self.launch(self._run, self.log.mark(), state)
+        return self.launch(self._run, self.log.mark(), state, ids)
 
-    def _run(self, mark: LogMark, state: CatalogState | None) -> None:
+    def _run(self, mark: LogMark, state: CatalogState | None, ids: tuple[str, ...]) -> None:
         start = time.perf_counter()
         try:
             generative = None
             if state is not None:
                 codes, retired = state.export()
                 generative = GenerativeBase(codes, tuple(state.codebook_sizes), retired)
-            if self.log.fold(mark, generative):
+            if self.log.fold(mark, generative, ids):
                 self.completed += 1
                 log.info("catalog log folded at version %d in %.2f s", mark.version,
                          time.perf_counter() - start)
