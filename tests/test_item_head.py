@@ -21,6 +21,7 @@ from genrec.training.generative import (
     GenerativeTask,
     batch_loss,
     scratch_config,
+    set_item_tokens,
     window_tokens,
 )
 
@@ -210,3 +211,73 @@ def test_bad_item_weight_is_refused() -> None:
     for bad in (-1, 2000, 1.5, True):
         with pytest.raises(ValueError, match="head_proposals"):
             BeamParams(head_proposals=bad).validate()
+
+
+def _inputs_model(vocab: SidVocab, seed: int = 0):  # noqa: ANN202
+    torch.manual_seed(seed)
+    cfg = scratch_config(vocab, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8,
+                         item_head=True, item_inputs=True)
+    model = build_model(cfg)
+    set_item_tokens(model, vocab)
+    return model
+
+
+def test_item_inputs_find_each_items_last_token() -> None:
+    vocab = _vocab()
+    head = _inputs_model(vocab).item_head
+    history = [4, 17, 30, 4]
+    ids = vocab.prompt(history) + [0] + vocab.prompt([9])  # two packed prompts
+    found = head.input_items(torch.tensor(ids)).tolist()
+    levels, start = vocab.num_levels, len(vocab.head(False))
+    expected = [-1] * len(ids)
+    for j, item in enumerate(history):
+        expected[start + (j + 1) * levels - 1] = item
+    expected[len(ids) - 1] = 9
+    assert found == expected
+    # a tuple of level tokens that is no item's ID is not an item
+    taken = {tuple(r) for r in vocab.index.codes.tolist()}
+    free = next(c for c in torch.cartesian_prod(*[torch.arange(k) for k in SIZES]).tolist()
+                if tuple(c) not in taken)
+    tokens = [vocab.level_offsets[lvl] + c for lvl, c in enumerate(free)]
+    assert head.input_items(torch.tensor(tokens)).tolist() == [-1] * levels
+
+
+def test_item_inputs_add_the_tied_embedding_and_survive_a_checkpoint(tmp_path) -> None:
+    vocab = _vocab()
+    model = _inputs_model(vocab)
+    plain = build_model(dataclasses.replace(model.config, item_inputs=0))
+    plain.load_state_dict(model.state_dict(), strict=False)
+    from genrec.engine.inputs import PackedInputs, build_input_embeds
+
+    ids = torch.tensor(vocab.prompt([3, 11]))
+    inputs = PackedInputs(token_ids=ids, raw_rows=torch.zeros(0, dtype=torch.long),
+                          raw_embeds=None, soft_rows=torch.zeros(0, dtype=torch.long),
+                          user_vectors=None)
+    with_items = build_input_embeds(model.model.embed_tokens, inputs, None, None, model.item_head)
+    without = build_input_embeds(plain.model.embed_tokens, inputs, None, None, plain.item_head)
+    delta = with_items - without
+    ends = [len(ids) - vocab.num_levels - 1, len(ids) - 1]
+    torch.testing.assert_close(delta[ends], model.item_head.weight[[3, 11]].detach())
+    assert delta.abs().sum(1).nonzero()[:, 0].tolist() == ends
+    # the loss reads them: the input use trains the head rows of history items
+    task = GenerativeTask(vocab, [[1, 2, 3, 4]], batch_tokens=10_000)
+    batch = next(task.batches(0))
+    assert batch_loss(model, batch).item() != pytest.approx(batch_loss(plain, batch).item())
+    # saved with the model (config key + item tokens): the same recommendations after loading
+    save_model(model, tmp_path)
+    loaded = load_model(tmp_path)
+    assert loaded.config.item_inputs == vocab.num_levels
+    assert torch.equal(loaded.item_head.item_tokens, model.item_head.item_tokens)
+    request = RecommendRequest(history=[3, 11, 20])
+    params = BeamParams(beam_width=8, n=5)
+    before = Engine(model, config=EngineConfig(soft_token_id=SOFT_ID), vocab=vocab)
+    after = Engine(loaded, config=EngineConfig(soft_token_id=SOFT_ID), vocab=vocab)
+    a, b = before.recommend([request], params)[0], after.recommend([request], params)[0]
+    assert a.items == b.items
+    torch.testing.assert_close(torch.tensor(a.scores), torch.tensor(b.scores))
+
+
+def test_item_inputs_need_the_head() -> None:
+    cfg = scratch_config(_vocab(), hidden=32, layers=1, heads=4, kv_heads=2, head_dim=8)
+    with pytest.raises(ValueError, match="item_inputs needs an item head"):
+        dataclasses.replace(cfg, item_inputs=3)

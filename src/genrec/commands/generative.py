@@ -100,6 +100,9 @@ def train_generative(
              "jointly by cross-entropy over all items; with the beam's proposals it proposes "
              "and ranks items). Default: on when training from scratch, off with --init-from.")
     ] = None,
+    item_inputs: Annotated[bool, typer.Option(
+        help="With the item head: its item embeddings also added to each item's input "
+             "(at the item's last Semantic-ID token), tied as in SASRec.")] = False,
     epochs: RecipeInt = None,
     batch_tokens: Annotated[int, typer.Option(min=1, help="Tokens per step.")] = 4096,
     lr: float = 1e-3, weight_decay: float = 0.01, warmup_ratio: float = 0.05,
@@ -158,6 +161,8 @@ def train_generative(
             raise ValueError("--item-head: models trained from scratch only (not --init-from)")
         item_head = init_from is None if item_head is None else item_head
         args["item_head"] = item_head
+        if item_inputs and not item_head:
+            raise ValueError("--item-inputs needs the item head (--item-head)")
         train = training_sequences(ds.sequences)
         given = dict(zip(RECIPE_KEYS, (hidden, layers, heads, kv_heads, head_dim, dropout,
                                        epochs), strict=True))
@@ -190,8 +195,9 @@ def train_generative(
             else:
                 model = build_model(gen.scratch_config(
                     vocab, hidden, layers, heads, kv_heads, head_dim, intermediate, dim,
-                    item_head))
+                    item_head, item_inputs))
                 init_weights(model)
+                gen.set_item_tokens(model, vocab)
         model.set_dropout(dropout)
         val = split_examples(ds.sequences, "val", max_history, val_users, seed) \
             if val_users else []

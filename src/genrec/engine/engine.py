@@ -158,7 +158,7 @@ class Engine:
         model = self.model
         return build_input_embeds(
             model.model.embed_tokens, batch.inputs, item_table or self.item_table,
-            model.user_projector,
+            model.user_projector, model.item_head,
         )
 
     def device_work(self) -> DeviceLock:

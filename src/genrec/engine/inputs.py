@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from genrec.catalog.item_table import ItemTable
+from genrec.model.item_head import ItemHead
 
 
 @dataclass(frozen=True)
@@ -138,11 +139,13 @@ def build_input_embeds(
     inputs: PackedInputs,
     item_table: ItemTable | None = None,
     projector: nn.Module | None = None,
+    item_head: ItemHead | None = None,
 ) -> torch.Tensor:
     """Input embeddings [T, hidden] of a packed batch, vectorised over all tokens.
 
     Text ids read ``embed_tokens``; virtual ids (>= vocab size) read the item table; soft-token
-    rows get ``projector(user_vectors)``; raw rows get the caller's embeddings. Runs on the
+    rows get ``projector(user_vectors)``; raw rows get the caller's embeddings; an item head
+    with item inputs adds its embedding at each item's last Semantic-ID token. Runs on the
     device of ``embed_tokens``.
     """
     weight = embed_tokens.weight
@@ -159,4 +162,6 @@ def build_input_embeds(
     if inputs.raw_rows.numel():
         raw = inputs.raw_embeds.to(device, x.dtype)
         x = x.index_copy(0, inputs.raw_rows.to(device), raw)
+    if item_head is not None and item_head.item_inputs:
+        x = item_head.add_inputs(x, ids)
     return x

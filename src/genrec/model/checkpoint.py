@@ -114,10 +114,13 @@ def _check_and_load(
             raise CheckpointError(
                 f"{where}: {key} has shape {tuple(src.shape)}, model expects {tuple(target.shape)}"
             )
-        if not src.is_floating_point():
-            raise CheckpointError(f"{where}: {key} has dtype {src.dtype}, not a floating type")
+        if target.is_floating_point() != src.is_floating_point() or (
+                not target.is_floating_point() and src.dtype != target.dtype):
+            want = "a floating type" if target.is_floating_point() else str(target.dtype)
+            raise CheckpointError(f"{where}: {key} has dtype {src.dtype}, model expects {want}")
     # stored dtypes other than the declared one are cast, as transformers does (said once)
-    stored = sorted({str(found[k].dtype) for k in expected} - {str(declared)})
+    stored = sorted({str(found[k].dtype) for k in expected if found[k].is_floating_point()}
+                    - {str(declared)})
     if declared is not None and stored:
         log.info("%s: tensors stored as %s, config declares %s; cast on load", where,
                  ", ".join(stored), declared)

@@ -59,7 +59,7 @@ _ARCH_BY_MODEL_TYPE = {layout.model_type: arch for arch, layout in _LAYOUTS.item
 
 
 # genrec's own config keys, under "genrec" in config.json
-_GENREC_KEYS = ("user_dim", "score_head", "sid_normalize", "item_head")
+_GENREC_KEYS = ("user_dim", "score_head", "sid_normalize", "item_head", "item_inputs")
 
 
 @dataclass
@@ -79,7 +79,9 @@ class ModelConfig:
     that level's codes only: a text vocabulary's rows are never computed).
     ``item_head`` > 0 adds a dense item head over that many catalog items (one embedding per
     item, scored against the hidden state that predicts an item's first Semantic ID; see
-    :mod:`genrec.model.item_head`).
+    :mod:`genrec.model.item_head`). ``item_inputs`` > 0 (the number of Semantic-ID levels;
+    needs ``item_head``) also adds each item's head embedding to the input at its last
+    Semantic-ID token, tied as in SASRec.
     """
 
     architecture: str = "Qwen3ForCausalLM"
@@ -103,6 +105,7 @@ class ModelConfig:
     score_head: bool = False
     sid_normalize: str = "full"
     item_head: int = 0
+    item_inputs: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -127,6 +130,10 @@ class ModelConfig:
             raise ValueError(f"user_dim must be >= 0, got {self.user_dim}")
         if not isinstance(self.item_head, int) or self.item_head < 0:
             raise ValueError(f"item_head must be an integer >= 0, got {self.item_head!r}")
+        if not isinstance(self.item_inputs, int) or self.item_inputs < 0:
+            raise ValueError(f"item_inputs must be an integer >= 0, got {self.item_inputs!r}")
+        if self.item_inputs and not self.item_head:
+            raise ValueError("item_inputs needs an item head (item_head > 0)")
         if self.sid_normalize not in ("full", "level"):
             raise ValueError(f"sid_normalize must be 'full' or 'level', got {self.sid_normalize!r}")
         if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
@@ -227,6 +234,8 @@ class ModelConfig:
             out.setdefault("genrec", {})["sid_normalize"] = self.sid_normalize
         if self.item_head:
             out.setdefault("genrec", {})["item_head"] = self.item_head
+        if self.item_inputs:
+            out.setdefault("genrec", {})["item_inputs"] = self.item_inputs
         return out
 
 

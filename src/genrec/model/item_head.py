@@ -8,6 +8,13 @@ jointly with the Semantic-ID cross-entropy (cross-entropy over all items,
 ``log p_sid(item) + weight * log p_head(item)`` (:func:`combine`), ``log p_head`` normalised over
 all items of the head. Items added after training have no row: they keep their Semantic-ID score
 plus the lowest head log-probability among the request's proposals.
+
+With item inputs (``ModelConfig.item_inputs`` = the number of Semantic-ID levels), the same
+embeddings also enter the input, tied as in SASRec: the input embedding of each item's last
+Semantic-ID token gets ``weight[item]`` added. The head keeps the training index's ID of every
+item (``item_tokens`` [num_items, levels], saved with the model) and finds items in any packed
+token sequence by their exact token tuple (:meth:`ItemHead.input_items`), so prompts need no
+item ids beside their tokens and training and serving read the same rows.
 """
 
 from __future__ import annotations
@@ -20,11 +27,77 @@ from genrec.model.layout import Readout, prefix_last_layout, shared_layout
 
 
 class ItemHead(nn.Module):
-    """Item embeddings [num_items, hidden], initialised N(0, 0.02) like the decoder's."""
+    """Item embeddings [num_items, hidden], initialised N(0, 0.02) like the decoder's;
+    ``levels`` > 0 also keeps each item's Semantic-ID tokens for item inputs."""
 
-    def __init__(self, num_items: int, hidden: int) -> None:
+    def __init__(self, num_items: int, hidden: int, levels: int = 0) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_items, hidden).normal_(0.0, 0.02))
+        if levels:
+            self.register_buffer("item_tokens", torch.full((num_items, levels), -1))
+        else:
+            self.item_tokens = None
+        self._lookup: tuple[torch.Tensor, ...] | None = None  # built from item_tokens on use
+
+    @property
+    def item_inputs(self) -> bool:
+        return self.item_tokens is not None
+
+    def set_item_tokens(self, tokens: torch.Tensor) -> None:
+        """The Semantic-ID tokens of every item, [num_items, levels] (distinct rows)."""
+        if self.item_tokens is None or tokens.shape != self.item_tokens.shape:
+            raise ValueError(f"item tokens: expected shape {tuple(self.item_tokens.shape)} "
+                             f"(item inputs on), got {tuple(tokens.shape)}")
+        self.item_tokens.copy_(tokens)
+        self._lookup = None
+
+    def _load_from_state_dict(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super()._load_from_state_dict(*args, **kwargs)
+        self._lookup = None
+
+    def _keys(self) -> tuple[torch.Tensor, ...]:
+        """(sorted keys [N], their items [N], low token, span, powers [levels]): an item's key
+        is its tokens read as digits in base ``span`` above ``low`` (exact, no hashing)."""
+        tokens = self.item_tokens
+        if self._lookup is not None and self._lookup[0].device == tokens.device:
+            return self._lookup
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0:
+            raise ValueError("item tokens: not set (ItemHead.set_item_tokens)")
+        span, levels = high - low + 1, tokens.shape[1]
+        if span ** levels >= 2 ** 62:
+            raise ValueError(f"item tokens: {levels} levels over {span} token ids do not fit "
+                             "an int64 key")
+        powers = span ** torch.arange(levels, device=tokens.device)
+        keys, order = torch.sort(((tokens - low) * powers).sum(1))
+        if bool((keys[1:] == keys[:-1]).any()):
+            raise ValueError("item tokens: two items share a Semantic ID")
+        self._lookup = (keys, order, torch.tensor(low), torch.tensor(span), powers)
+        return self._lookup
+
+    def input_items(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """The item whose last Semantic-ID token each position holds: packed ``token_ids`` [T]
+        -> [T] item rows, -1 where the position does not end a known item's token tuple."""
+        keys, order, low, span, powers = self._keys()
+        levels = int(powers.numel())
+        out = torch.full_like(token_ids, -1)
+        if token_ids.numel() < levels:
+            return out
+        windows = token_ids.unfold(0, levels, 1) - low.to(token_ids.device)  # [T-L+1, L]
+        inside = ((windows >= 0) & (windows < span.to(token_ids.device))).all(1)
+        key = (windows.clamp(min=0) * powers).sum(1)
+        at = torch.searchsorted(keys, key).clamp(max=keys.numel() - 1)
+        found = inside & (keys[at] == key)
+        out[levels - 1:] = torch.where(found, order[at], out[levels - 1:])
+        return out
+
+    def add_inputs(self, embeds: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """``embeds`` [T, hidden] with ``weight[item]`` added at each item's last token."""
+        items = self.input_items(token_ids.to(embeds.device))
+        at = torch.nonzero(items >= 0)[:, 0]
+        if not at.numel():
+            return embeds
+        return embeds.index_add(0, at, self.weight[items[at]].to(embeds.dtype))
 
     @property
     def num_items(self) -> int:

@@ -104,7 +104,8 @@ def batch_loss(model: DecoderLM, batch: TrainBatch, vocab: SidVocab | None = Non
         soft_rows=batch.soft_rows, user_vectors=batch.user_vectors,
     )
     # the soft token enters exactly as at serving: projector(user vector) at the soft rows
-    embeds = build_input_embeds(model.model.embed_tokens, inputs, None, model.user_projector)
+    embeds = build_input_embeds(model.model.embed_tokens, inputs, None, model.user_projector,
+                                model.item_head)
     layout = build_layout(batch.lengths, [], []).to(device)
     hidden = model(embeds, layout.positions, layout)  # [T, hidden]
     labels = batch.labels.to(device)
@@ -295,11 +296,11 @@ class GenerativeTask:
 def scratch_config(
     vocab: SidVocab, hidden: int = 128, layers: int = 4, heads: int = 4, kv_heads: int = 2,
     head_dim: int = 32, intermediate: int | None = None, user_dim: int = 0,
-    item_head: bool = False,
+    item_head: bool = False, item_inputs: bool = False,
 ) -> ModelConfig:
     """A Qwen3-architecture config over exactly the SID vocabulary, with tied embeddings and
     enough positions for a full prompt plus one generated item (``item_head``: a dense item
-    head over the index's items)."""
+    head over the index's items; ``item_inputs``: its embeddings also on the input)."""
     longest = 2 + (vocab.max_history + 1) * vocab.num_levels
     return ModelConfig(
         architecture="Qwen3ForCausalLM", vocab_size=vocab.vocab_size, hidden_size=hidden,
@@ -308,4 +309,12 @@ def scratch_config(
         max_position_embeddings=-(-longest // 64) * 64, rope_theta=10000.0,
         tie_word_embeddings=True, user_dim=user_dim,
         item_head=vocab.index.num_items if item_head else 0,
+        item_inputs=vocab.num_levels if item_inputs else 0,
     )
+
+
+def set_item_tokens(model: DecoderLM, vocab: SidVocab) -> None:
+    """Give a model with item inputs the Semantic-ID tokens of the index's items."""
+    head = model.item_head
+    if head is not None and head.item_inputs:
+        head.set_item_tokens(vocab.item_tokens(torch.arange(vocab.index.num_items)))
