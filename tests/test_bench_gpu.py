@@ -1,5 +1,7 @@
-"""bench/gpu.py, the GPU device check: end to end at smoke sizes on the CPU; --quick takes the
-smaller plan; the figures reach the JSON file after every setting (a cut run keeps them)."""
+"""bench/gpu.py, the GPU device check: end to end at smoke sizes on the CPU, where the captured
+path (static buffers, run eagerly) must give the eager path's scores and items and each goal
+must read the figure it names; --quick takes the smaller plan; the figures reach the JSON file
+after every setting (a cut run keeps them)."""
 
 from __future__ import annotations
 
@@ -93,6 +95,23 @@ def test_gpu_bench_smoke_on_cpu(tmp_path: Path) -> None:
     # both settings of EngineConfig.cuda_graphs
     assert {r["cuda_graphs"] for r in beam} == {True, False}
     assert {r["cuda_graphs"] for r in scoring} == {True, False}
-    # the goals are evaluated (their verdicts mean nothing at smoke sizes)
-    assert len(report["goals"]) == 2 + len(models)
-    assert all(g["value"] is not None for g in report["goals"])
+    # the captured path (static buffers, run eagerly on the CPU) gives the eager path's answers
+    comparisons = report["comparisons"]
+    scored = [c for c in comparisons if c["part"] == "scoring"]
+    assert len(scored) == len(settings)
+    assert all(c["max_abs_diff_graphs_vs_eager"] <= 1e-5 for c in scored), scored
+    searched = [c for c in comparisons if c["part"] == "beam"]
+    assert len(searched) == len(models) * len(report["sizes"]["batches"])
+    assert all(c["items_equal_graphs_vs_eager"] == 1.0 for c in searched), searched
+    # each goal reads the figure it names (verdicts at smoke sizes are not the GPU's)
+    goals = report["goals"]
+    assert len(goals) == 2 + len(models)
+    one_user = max((s for s in settings if s[0] == 1), key=lambda s: s[1])
+    default = next(r for r in scoring if r["cuda_graphs"]
+                   and (r["users"], r["candidates_per_user"]) == one_user)
+    assert goals[0]["value"] == default["scores_per_s"]
+    assert goals[0]["met"] == (default["scores_per_s"] >= goals[0]["target"])
+    b1 = {(r["model"], r["cuda_graphs"]): r["ms_per_request_median"] for r in beam
+          if r["batch"] == 1}
+    for goal, model in zip(goals[2:], report["sizes"]["beam_shapes"], strict=True):
+        assert goal["value"] == pytest.approx(b1[(model, False)] / b1[(model, True)])
