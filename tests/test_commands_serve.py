@@ -18,6 +18,7 @@ import httpx
 from serving_support import N_ITEMS, RECOMMEND, is_ready, post, wait_until
 
 from genrec import Engine
+from genrec.catalog import SemanticIndex
 from genrec.model import save_model
 from genrec.serving.server import free_port
 
@@ -145,3 +146,68 @@ def test_catalog_state_dir_defaults_to_the_model_and_refuses_a_read_only_one(
     with pytest.raises(ValueError, match="--catalog-state DIR"):
         catalog_state_dir(tmp_path, None, False)
     assert catalog_state_dir(tmp_path, tmp_path / "x", False) == str(tmp_path / "x")
+
+
+def test_new_items_get_their_semantic_id_from_the_saved_codebooks(tmp_path) -> None:  # noqa: ANN001
+    """A model over an index built from embeddings: ``PUT /v1/catalog/items`` with an
+    ``embedding`` and no ``semantic_id`` gets the ID the codebooks give (in the answer), the
+    item is recommendable at once, and the logged update brings it back after a kill -9."""
+    import torch
+
+    from genrec.catalog import build_semantic_index
+    from genrec.catalog.assign import IdAssigner
+    from genrec.generative.vocab import NUM_SPECIAL, SidVocab
+    from genrec.model import ModelConfig, build_model
+
+    emb = torch.randn(40, 8, generator=torch.Generator().manual_seed(0))
+    index = build_semantic_index(emb, levels=2, codebook_size=4, iters=20,
+                                 item_ids=[f"song-{k}" for k in range(40)])
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(
+        vocab_size=NUM_SPECIAL + index.vocab_size, hidden_size=32, intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        max_position_embeddings=64))
+    folder = tmp_path / "model"
+    save_model(model, folder)
+    SidVocab(index, max_history=6).save(folder)
+    new = (emb[7] + 0.05).tolist()
+    (want,) = IdAssigner.of(index).assign(torch.tensor([new]), index.codes_to_items)
+    body = {"history": ["song-3"], "allow": ["song-new"], "n": 1, "beam_width": 1}
+    proc, url = start(folder)
+    try:
+        r = httpx.put(url + "/v1/catalog/items",
+                      json={"items": [{"item_id": "song-new", "embedding": new}]})
+        assert r.status_code == 200, r.text
+        assert r.json()["semantic_ids"] == {"song-new": want}
+        assert r.json()["catalogs"] == {"generative": ["song-new"]}
+        assert post(url, "/v1/recommend", body).json()["items"] == ["song-new"]
+        r = httpx.put(url + "/v1/catalog/items",
+                      json={"items": [{"item_id": "x", "embedding": [0.5] * 3}]})
+        assert r.status_code == 422
+        assert r.json()["detail"] == "items[0].embedding: expected 8 values, got 3"
+        r = httpx.put(url + "/v1/catalog/items", json={"items": [{"item_id": "x", "text": "a"}]})
+        assert r.status_code == 422 and r.json()["detail"].startswith(
+            "items[0].text: this index was built from embeddings")
+    finally:
+        proc.kill()
+        proc.wait(30)
+    proc, url = start(folder)
+    try:
+        assert post(url, "/v1/recommend", body).json()["items"] == ["song-new"]
+    finally:
+        proc.kill()
+        proc.wait(30)
+    # an index without codebooks (a ready-made Semantic-ID file): the caller sends the ID
+    bare = tmp_path / "bare"
+    save_model(model, bare)
+    SidVocab(SemanticIndex(index.codes, index.codebook_sizes, index.item_ids),
+             max_history=6).save(bare)
+    proc, url = start(bare)
+    try:
+        r = httpx.put(url + "/v1/catalog/items",
+                      json={"items": [{"item_id": "song-new", "embedding": new}]})
+        assert r.status_code == 422 and r.json()["detail"].startswith(
+            "items[0].semantic_id: required")
+    finally:
+        proc.kill()
+        proc.wait(30)

@@ -1,4 +1,6 @@
-"""Codebook sizes picked from the catalog size (``genrec index`` without ``--codebook-size``).
+"""Codebooks of a residual k-means index: their sizes, picked from the catalog size
+(``genrec index`` without ``--codebook-size``), and the codebooks themselves as saved with the
+index (:class:`IdCodebooks`), what gives a new item the code a built index would.
 
 A residual k-means index of ``L`` levels with ``K`` codes per level has ``K^L`` IDs. Too few
 and many items share an ID (the dedup level then separates them by an arbitrary counter, which
@@ -12,6 +14,16 @@ gets one code per item.
 """
 
 from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from genrec.catalog.kmeans import nearest_centroids, squared_distances
 
 IDS_PER_ITEM = 16
 MIN_CODES = 16
@@ -31,3 +43,129 @@ def default_codebook_size(num_items: int, levels: int) -> int:
     while k < MAX_CODES and k**levels < IDS_PER_ITEM * num_items:
         k *= 2
     return max(2, min(k, num_items))
+
+
+#: The key of an index's ``meta`` that holds its :class:`IdCodebooks`.
+CODEBOOKS_KEY = "id_assignment"
+CODEBOOKS_FORMAT = 1
+#: The collision rule of an index whose last level counts the items sharing the k-means codes.
+COUNTER = "counter"
+_KEYS = {"format", "codebooks", "normalize", "encoder", "collision"}
+
+
+def _packed(t: torch.Tensor) -> dict[str, Any]:
+    # float32 little-endian bytes in base64: exact, and 4x smaller than JSON numbers
+    array = t.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4")
+    return {"shape": list(array.shape), "float32": base64.b64encode(array.tobytes()).decode()}
+
+
+def _unpacked(raw: Any, where: str) -> torch.Tensor:
+    if not isinstance(raw, Mapping) or set(raw) != {"shape", "float32"}:
+        raise ValueError(f"{where}: expected {{'shape', 'float32'}}")
+    shape = raw["shape"]
+    if (not isinstance(shape, list) or len(shape) != 2
+            or not all(isinstance(v, int) and v > 0 for v in shape)):
+        raise ValueError(f"{where}.shape: expected [codes, dim], got {shape!r}")
+    try:
+        data = base64.b64decode(str(raw["float32"]), validate=True)
+    except ValueError:
+        raise ValueError(f"{where}.float32: not base64") from None
+    if len(data) != 4 * shape[0] * shape[1]:
+        raise ValueError(f"{where}.float32: {len(data)} bytes for shape {shape}")
+    t = torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32).reshape(shape))
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{where}: NaN or infinite values")
+    return t
+
+
+@dataclass(frozen=True)
+class IdCodebooks:
+    """What assigns a new item the Semantic ID ``genrec index`` would have given it: the
+    residual k-means ``centroids`` (level ``l``: float32 [K_l, dim]); ``normalize`` (``"l2"``:
+    embeddings are L2-normalised first, as the sentence encoder does; ``None``: used as given);
+    ``encoder`` (the sentence encoder that embedded the item text: ``model`` (the bundled
+    package's name or a folder), ``dim``, ``max_length``; ``None``: the index was built from
+    given embeddings); ``collision`` (:data:`COUNTER`: the index's last level counts the items
+    that share the k-means codes, a new item takes the smallest free counter; ``None``: no
+    such level)."""
+
+    centroids: tuple[torch.Tensor, ...]
+    normalize: str | None = None
+    encoder: Mapping[str, Any] | None = None
+    collision: str | None = COUNTER
+
+    @property
+    def dim(self) -> int:
+        """Embedding size."""
+        return int(self.centroids[0].shape[1])
+
+    @property
+    def sizes(self) -> list[int]:
+        """Codes per k-means level."""
+        return [int(c.shape[0]) for c in self.centroids]
+
+    def to_meta(self) -> dict[str, Any]:
+        """The JSON-ready form kept in the index's ``meta`` under :data:`CODEBOOKS_KEY`."""
+        return {"format": CODEBOOKS_FORMAT, "codebooks": [_packed(c) for c in self.centroids],
+                "normalize": self.normalize,
+                "encoder": dict(self.encoder) if self.encoder is not None else None,
+                "collision": self.collision}
+
+    @classmethod
+    def from_meta(cls, raw: Any, codebook_sizes: Sequence[int], where: str) -> IdCodebooks:
+        """Read :meth:`to_meta`'s form, strictly: every key, shape and value checked against
+        the index's ``codebook_sizes``; raises ``ValueError`` naming ``where`` and the key."""
+        where = f"{where}: meta.{CODEBOOKS_KEY}"
+        if not isinstance(raw, Mapping) or set(raw) != _KEYS:
+            keys = sorted(raw) if isinstance(raw, Mapping) else type(raw).__name__
+            raise ValueError(f"{where}: expected the keys {sorted(_KEYS)}, got {keys}")
+        if raw["format"] != CODEBOOKS_FORMAT:
+            raise ValueError(f"{where}.format: unsupported {raw['format']!r}")
+        if raw["normalize"] not in (None, "l2"):
+            raise ValueError(f"{where}.normalize: expected 'l2' or null, got {raw['normalize']!r}")
+        if raw["collision"] not in (None, COUNTER):
+            raise ValueError(f"{where}.collision: expected {COUNTER!r} or null, got "
+                             f"{raw['collision']!r}")
+        books = raw["codebooks"]
+        if not isinstance(books, list) or not books:
+            raise ValueError(f"{where}.codebooks: expected a non-empty list")
+        centroids = tuple(_unpacked(b, f"{where}.codebooks[{k}]") for k, b in enumerate(books))
+        levels = len(centroids) + (raw["collision"] == COUNTER)
+        sizes = [int(c.shape[0]) for c in centroids]
+        if levels != len(codebook_sizes) or sizes != list(codebook_sizes[: len(sizes)]):
+            raise ValueError(f"{where}.codebooks: sizes {sizes} (collision {raw['collision']!r})"
+                             f" do not fit the index's codebook sizes {list(codebook_sizes)}")
+        if len({int(c.shape[1]) for c in centroids}) != 1:
+            raise ValueError(f"{where}.codebooks: levels of different dimensions")
+        encoder = raw["encoder"]
+        if encoder is not None:
+            if (not isinstance(encoder, Mapping) or set(encoder) != {"model", "dim", "max_length"}
+                    or not isinstance(encoder["model"], str)):
+                raise ValueError(f"{where}.encoder: expected {{'model', 'dim', 'max_length'}}, "
+                                 f"got {encoder!r}")
+            if encoder["dim"] != centroids[0].shape[1]:
+                raise ValueError(f"{where}.encoder.dim: {encoder['dim']!r}, the codebooks' "
+                                 f"{centroids[0].shape[1]}")
+        return cls(centroids, raw["normalize"], encoder, raw["collision"])
+
+    def prepared(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """Embeddings [n, dim] as the codebooks take them (float32, normalised if recorded)."""
+        x = embeddings.detach().to("cpu", torch.float32)
+        return torch.nn.functional.normalize(x, dim=-1) if self.normalize == "l2" else x
+
+    def codes(self, embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Nearest code per level on the residuals of ``embeddings`` [n, dim] (already
+        :meth:`prepared`): codes int64 [n, levels], and every code of the last level, nearest
+        first, int64 [n, K_last] (the alternatives when an ID under the nearest is not free)."""
+        residual = embeddings.to(torch.float32).clone()
+        codes = []
+        for centroids in self.centroids:
+            assign, _ = nearest_centroids(residual, centroids)
+            codes.append(assign)
+            last = residual
+            residual = residual - centroids[assign]
+        d2 = squared_distances(last, self.centroids[-1])
+        order = d2.argsort(dim=1, stable=True)
+        n, k = order.shape
+        rest = order[order != codes[-1][:, None]].reshape(n, k - 1)
+        return torch.stack(codes, dim=1), torch.cat([codes[-1][:, None], rest], dim=1)

@@ -26,16 +26,20 @@ class ResidualKMeans:
         return out
 
 
-def _nearest(x: torch.Tensor, centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Nearest centroid and squared distance of each row of x: [n, d], [k, d] -> [n], [n]."""
+def squared_distances(x: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
+    """Squared distance of each row of x to each centroid: [n, d], [k, d] -> [n, k] (as
+    ``|x|^2 - 2 x.c + |c|^2``; every assignment to the nearest code computes it so)."""
     c2 = (centroids * centroids).sum(dim=1)
+    return (x * x).sum(dim=1, keepdim=True) - 2 * x @ centroids.T + c2
+
+
+def nearest_centroids(x: torch.Tensor, centroids: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nearest centroid and squared distance of each row of x: [n, d], [k, d] -> [n], [n]."""
     chunk = max(1, 2**24 // max(1, centroids.shape[0]))
     assign, dist = [], []
     for start in range(0, x.shape[0], chunk):
-        xs = x[start : start + chunk]
-        # [chunk, k] squared distances
-        d2 = (xs * xs).sum(dim=1, keepdim=True) - 2 * xs @ centroids.T + c2
-        best = d2.min(dim=1)
+        best = squared_distances(x[start : start + chunk], centroids).min(dim=1)
         assign.append(best.indices)
         dist.append(best.values.clamp(min=0))
     return torch.cat(assign), torch.cat(dist)
@@ -79,12 +83,11 @@ def balanced_assign(x: torch.Tensor, centroids: torch.Tensor, capacity: int) -> 
     if capacity * k < n:
         raise ValueError(f"capacity {capacity} x {k} centroids < {n} rows")
     m = min(k, BALANCED_CHOICES)
-    c2 = (centroids * centroids).sum(dim=1)
     prefs, pref_d2 = [], []
     chunk = max(1, 2**24 // max(1, k))
     for start in range(0, n, chunk):
         xs = x[start : start + chunk]
-        d2 = (xs * xs).sum(dim=1, keepdim=True) - 2 * xs @ centroids.T + c2  # [chunk, k]
+        d2 = squared_distances(xs, centroids)  # [chunk, k]
         top = d2.topk(m, dim=1, largest=False)  # sorted nearest first
         prefs.append(top.indices)
         pref_d2.append(top.values)
@@ -136,7 +139,7 @@ def kmeans(
     centroids = _init_centroids(x, k, gen, init)
     if balanced:
         return _balanced_lloyd(x, centroids, iters)
-    assign, d2 = _nearest(x, centroids)
+    assign, d2 = nearest_centroids(x, centroids)
     for _ in range(iters):
         counts = torch.bincount(assign, minlength=k)
         sums = torch.zeros_like(centroids).index_add_(0, assign, x)
@@ -144,7 +147,7 @@ def kmeans(
         empty = (counts == 0).nonzero().flatten()
         if empty.numel():
             centroids[empty] = x[d2.topk(empty.numel()).indices]
-        new_assign, d2 = _nearest(x, centroids)
+        new_assign, d2 = nearest_centroids(x, centroids)
         if empty.numel() == 0 and torch.equal(new_assign, assign):
             break
         assign = new_assign

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import torch
 
+from genrec.catalog.codebooks import CODEBOOKS_KEY, COUNTER, IdCodebooks
 from genrec.catalog.kmeans import residual_kmeans
 from genrec.utils.atomic import atomic_write_json
 
@@ -176,6 +177,8 @@ class SemanticIndex:
         if codes.shape[0] != data["num_items"]:
             raise ValueError(f"{path}: {codes.shape[0]} code rows, expected {data['num_items']}")
         index = cls(codes, sizes, data.get("item_ids"), data.get("meta") or {})
+        if CODEBOOKS_KEY in index.meta:  # checked now: an index that assigns IDs never fails later
+            IdCodebooks.from_meta(index.meta[CODEBOOKS_KEY], sizes, str(path))
         index.validate()
         return index
 
@@ -271,15 +274,19 @@ def build_semantic_index(
     ``levels`` k-means levels (codebook size per level: an int or one per level), then, with
     ``dedup``, a last level counting items that share the same prefix so every ID is unique
     (without it, colliding IDs raise a ValueError). ``balanced``: each level's codes used
-    about equally (capacity-constrained k-means). Runs on the device of ``embeddings``.
+    about equally (capacity-constrained k-means). Runs on the device of ``embeddings``. The
+    codebooks are kept in ``meta`` (:class:`~genrec.catalog.codebooks.IdCodebooks`, used as
+    given: no normalisation, no encoder) to assign IDs to new items.
     """
     sizes = _per_level(codebook_size, levels)
-    codes = residual_kmeans(embeddings, sizes, iters=iters, seed=seed, init=init,
-                            balanced=balanced).codes
+    fit = residual_kmeans(embeddings, sizes, iters=iters, seed=seed, init=init,
+                          balanced=balanced)
+    codes = fit.codes
     index = with_dedup_level(codes, sizes) if dedup else SemanticIndex(codes, sizes)
     index.item_ids = item_ids
+    books = IdCodebooks(tuple(fit.codebooks), collision=COUNTER if dedup else None)
     index.meta = {"method": "residual_kmeans", "iters": iters, "seed": seed, "init": init,
-                  "balanced": balanced}
+                  "balanced": balanced, CODEBOOKS_KEY: books.to_meta()}
     index.validate()
     return index
 

@@ -1,6 +1,8 @@
 """``genrec index``: Semantic IDs of a catalog, from item text, item embeddings or a
 ready-made file (colliding IDs get a dedup level); codes per level from the catalog size
-unless given (:mod:`genrec.catalog.codebooks`).
+unless given (:mod:`genrec.catalog.codebooks`). An index built from text or embeddings keeps
+its codebooks (and its sentence encoder), and ``--add`` gives new items the IDs it would have
+given them (:mod:`genrec.catalog.assign`).
 
 Heavy modules are imported inside the function so that ``genrec --help`` stays fast.
 """
@@ -8,7 +10,7 @@ Heavy modules are imported inside the function so that ``genrec --help`` stays f
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -22,6 +24,9 @@ from genrec.commands.dataset import (
     table_options,
 )
 from genrec.utils.device import resolve_device
+
+if TYPE_CHECKING:
+    import torch
 
 
 @table_options
@@ -44,17 +49,26 @@ def index_command(
                                                 "about equally (capacity n / codes).")] = True,
     encoder: Annotated[Path | None, typer.Option(help="Local sentence-encoder folder "
                                                       "(default: bundled MiniLM).")] = None,
+    add: Annotated[Path | None, typer.Option(
+        help="Add new items to the index at --out (a table: item id and text columns, or an "
+             "'embedding' column): each gets the ID the index gives it.")] = None,
     seed: int = 0, device: DeviceOpt = "auto",
 ) -> None:
     """Build Semantic IDs (text, embeddings or a ready-made file; collisions get a dedup level)."""
+    if add is not None:
+        add_command(out, add, device)
+        return
+    import dataclasses
+
     from genrec.catalog import (
+        SentenceEncoder,
         build_semantic_index,
-        encode_texts,
         item_texts,
         load_embeddings,
         load_sid_index,
     )
-    from genrec.catalog.codebooks import default_codebook_size
+    from genrec.catalog.assign import encoder_spec
+    from genrec.catalog.codebooks import CODEBOOKS_KEY, IdCodebooks, default_codebook_size
     from genrec.catalog.semantic_ids import duplicate_groups, prefix_stats
 
     try:
@@ -69,8 +83,8 @@ def index_command(
             index = load_sid_index(sid_file, ds.item_index, on_collision="dedup")
         else:
             if from_text:
-                emb = encode_texts(item_texts(ds.item_text, ds.num_items), encoder,
-                                   resolve_device(device))
+                enc = SentenceEncoder(encoder, resolve_device(device))
+                emb = enc.encode(item_texts(ds.item_text, ds.num_items))
             else:
                 emb = load_embeddings(embeddings)
             if emb.shape[0] != ds.num_items:
@@ -80,6 +94,11 @@ def index_command(
                                          iters=iters, seed=seed, item_ids=list(ds.item_ids),
                                          balanced=balanced)
             index = index.to("cpu")
+            if from_text:  # the encoder normalises: given embeddings are normalised the same
+                books = IdCodebooks.from_meta(index.meta[CODEBOOKS_KEY], index.codebook_sizes,
+                                              "index")
+                index.meta[CODEBOOKS_KEY] = dataclasses.replace(
+                    books, normalize="l2", encoder=encoder_spec(enc, encoder)).to_meta()
         index.save(out)
     except INPUT_ERRORS as err:
         raise fail(err) from None
@@ -91,3 +110,70 @@ def index_command(
                    f"group {row['largest_group']}, {row['unique_share']:.1%} of items alone")
     typer.echo(f"collisions resolved: {sum(len(g) for g in groups)} items in {len(groups)} "
                f"groups (last level = dedup counter)  -> {out}")
+
+
+def read_new_items(path: Path) -> tuple[list[str], list[str] | None, torch.Tensor | None]:
+    """A table of new items: their ids, and their text (the item id column, then its text
+    columns, formatted as ``--from-text`` formats item text) or their embeddings (an
+    ``embedding`` column: lists of numbers, or JSON lists in a CSV)."""
+    import json
+
+    import torch
+
+    from genrec.catalog import format_item_text
+    from genrec.data.columns import (
+        TableColumns,
+        column_key,
+        find_column,
+        parse_column,
+        read_table,
+    )
+    from genrec.data.loaders import items_table
+
+    table = read_table(path)
+    emb_col = next((c for c in table if column_key(c) == "embedding"), None)
+    if emb_col is None:
+        ids, text, _ = items_table(path, None, None, None, TableColumns("", "", None))
+        return ids, [format_item_text(text[i]) for i in ids], None
+    id_col = str(find_column(list(table), "item id", None, where=path.name))
+    ids = parse_column(table, id_col, "id", path)
+    rows = []
+    for r, value in enumerate(table[emb_col]):
+        try:
+            row = json.loads(value) if isinstance(value, str) else list(value)
+            rows.append([float(v) for v in row])
+        except (TypeError, ValueError):
+            raise ValueError(f"{path.name}: row {r + 1}, column {emb_col!r}: not a list of "
+                             f"numbers") from None
+    if len({len(r) for r in rows}) > 1:
+        raise ValueError(f"{path.name}: column {emb_col!r}: rows of different lengths")
+    return ids, None, torch.tensor(rows, dtype=torch.float32).reshape(len(ids), -1)
+
+
+def add_command(out: Path, add: Path, device: str) -> None:
+    """``genrec index --out INDEX --add TABLE``: the table's items appended to the index with
+    the IDs its codebooks give them (atomically: the index is rewritten whole)."""
+    from genrec.catalog import SemanticIndex
+    from genrec.catalog.assign import IdAssigner, with_items
+
+    try:
+        index = SemanticIndex.load(out)
+        assigner = IdAssigner.of(index, resolve_device(device))
+        if assigner is None:
+            raise ValueError(f"--out {out}: this index has no codebooks (built from a "
+                             f"ready-made Semantic-ID file): new items need their Semantic IDs")
+        ids, texts, emb = read_new_items(add)
+        if emb is not None:
+            if emb.shape[1] != assigner.dim:
+                raise ValueError(f"--add {add.name}: embeddings of {emb.shape[1]} values, the "
+                                 f"index takes {assigner.dim}")
+            emb = assigner.codebooks.prepared(emb)
+        else:
+            emb = assigner.embed(texts, f"--add {add.name}")
+        codes = assigner.assign(emb, index.codes_to_items,
+                                fields=[f"--add {add.name}: item {i!r}" for i in ids])
+        index = with_items(index, ids, codes)
+        index.save(out)
+    except INPUT_ERRORS as err:
+        raise fail(err) from None
+    typer.echo(f"added {len(ids)} items -> {out} ({index.num_items} items)")

@@ -214,7 +214,7 @@ def load_json_dataset(folder: str | Path, name: str | None = None) -> Dataset:
     )
 
 
-def _items_table(
+def items_table(
     path: Path, delimiter: str | None, id_col: str | None, text_cols: Sequence[str] | None,
     columns: TableColumns,
 ) -> tuple[list[str], dict[str, dict[str, str]], TableColumns]:
@@ -295,7 +295,7 @@ def load_table_dataset(
     if items is None:
         catalog = _sorted_ids(item_vals)
     else:
-        catalog, item_text, columns = _items_table(Path(items), delimiter, items_id_col,
+        catalog, item_text, columns = items_table(Path(items), delimiter, items_id_col,
                                                    text_cols, columns)
         unknown = _sorted_ids(set(item_vals) - set(item_text))
         if unknown:

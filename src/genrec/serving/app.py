@@ -307,18 +307,22 @@ def _add_routes(app: FastAPI, service: Service) -> None:
         check_model(model, service.model_name)
         return model_card(service.model_name, created)
 
-    @app.put("/v1/catalog/items", response_model=S.CatalogResponse)
+    @app.put("/v1/catalog/items", response_model=S.CatalogResponse,
+             response_model_exclude_none=True)
     async def upsert_items(body: S.CatalogUpsertBody, request: Request) -> dict:
         """Add or replace catalog items, all or nothing. An item with ``semantic_id`` (one code
         per level) joins the generative catalog (new Semantic-ID index and trie, swapped in
         at once), so ``/v1/recommend`` can return it; an item without one, or with ranker
         fields (``text``, encoded by the item encoder, or ``vectors``), goes to the ranker.
-        The answer's ``catalogs`` lists the item ids each catalog took; ``catalog_version``
-        is the service's one catalog version."""
+        An item without ``semantic_id`` but with ``embedding`` (or ``text``) gets the one the
+        index's saved codebooks give it (listed in the answer's ``semantic_ids``). The
+        answer's ``catalogs`` lists the item ids each catalog took; ``catalog_version`` is the
+        service's one catalog version."""
         items = [item.model_dump() for item in body.items]
         return await service.update_catalog("upsert", items, _deadline(request, None))
 
-    @app.delete("/v1/catalog/items", response_model=S.CatalogResponse)
+    @app.delete("/v1/catalog/items", response_model=S.CatalogResponse,
+                response_model_exclude_none=True)
     async def retire_items(body: S.CatalogRetireBody, request: Request) -> dict:
         """Retire catalog items, all or nothing, from the generative catalog (never returned
         by ``/v1/recommend`` again) and from the ranker (rejected by ``/v1/rank``)."""

@@ -39,6 +39,7 @@ MAX_LABELS = 1024
 MAX_CATALOG_BATCH = 100_000
 MAX_BEAM = 1024
 MAX_SID_LEVELS = 64
+MAX_EMBEDDING = 65536  # values of a catalog item's embedding
 
 # ids beyond int64 are refused here (422 naming the field), before any tensor is built
 INT64_END = 2**63
@@ -205,10 +206,14 @@ class CatalogItem(BaseModel):
     catalog does not have adds an item (with its ``semantic_id`` on a generative model).
 
     ``semantic_id`` (one code per level): the item joins the generative catalog (Semantic-ID
-    index and trie), so ``/v1/recommend`` can return it; it must not be another item's. An
-    item without it is added to the ranker only. Fields beyond these two are passed to the
-    ranker's catalog updater unchanged (its own format: ``text`` encoded by the item encoder,
-    or ``vectors``); an item with them goes to the ranker as well.
+    index and trie), so ``/v1/recommend`` can return it; it must not be another item's.
+    Without it, an index built by ``genrec index --from-text`` / ``--embeddings`` (its
+    codebooks saved) assigns one from ``embedding`` (the index's embedding size) or from
+    ``text`` (a string or ``{field: text}``, embedded by the index's sentence encoder; with a
+    ranker, only when the index was built from text); an item with neither is added to the
+    ranker only. Fields beyond these are passed to the ranker's catalog updater unchanged
+    (its own format: ``text`` encoded by the item encoder, or ``vectors``); an item with them
+    goes to the ranker as well.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -216,6 +221,7 @@ class CatalogItem(BaseModel):
     item_id: ItemId
     semantic_id: Annotated[list[Annotated[StrictInt, Field(ge=0, lt=INT64_END)]],
                            Field(min_length=1, max_length=MAX_SID_LEVELS)] | None = None
+    embedding: Annotated[list[float], Field(min_length=1, max_length=MAX_EMBEDDING)] | None = None
 
 
 class CatalogUpsertBody(_Strict):
@@ -234,12 +240,14 @@ class CatalogRetireBody(_Strict):
 
 class CatalogResponse(BaseModel):
     """The catalog version after the update (one version for the whole service), how many
-    items it touched, and which catalogs took which item ids (``generative``: the engine's
-    Semantic-ID catalog, ``ranker``: the ranker's item table)."""
+    items it touched, which catalogs took which item ids (``generative``: the engine's
+    Semantic-ID catalog, ``ranker``: the ranker's item table), and the Semantic IDs assigned
+    to items sent without one (absent when none was)."""
 
     catalog_version: int
     count: int
     catalogs: dict[str, list[str]]
+    semantic_ids: dict[str, list[int]] | None = None
 
 
 class ErrorResponse(BaseModel):

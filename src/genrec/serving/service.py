@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from genrec.catalog.assign import IdAssigner, assign_upserts
+from genrec.catalog.id_map import item_keys
 from genrec.engine import RecommendRequest, ScoreRequest
 from genrec.engine.catalog_state import CatalogState
 from genrec.serving import schemas as S
@@ -66,11 +68,18 @@ def prepare(catalog: ServiceCatalog, op: str, data: list) -> PreparedUpdate | Ca
 class Service:
     """The endpoints over ``worker`` (its engine, ranker and catalog check the requests) and
     the scheduler that runs the batches on it; ``tokenizer`` (optional) turns text of
-    ``/v1/score`` into token ids, ``model_name`` is the answers' default ``model``."""
+    ``/v1/score`` into token ids, ``model_name`` is the answers' default ``model``;
+    ``assigner`` gives catalog upserts without ``semantic_id`` theirs (default: from the
+    codebooks saved with the engine's index, if any)."""
 
     def __init__(self, worker: BatchWorker, scheduler: BatchScheduler, tokenizer: Any = None,
-                 model_name: str = "genrec", admission: Admission | None = None) -> None:
+                 model_name: str = "genrec", admission: Admission | None = None,
+                 assigner: IdAssigner | None = None) -> None:
         self.worker, self.scheduler = worker, scheduler
+        catalog = worker.engine.catalog
+        if assigner is None and catalog is not None:
+            assigner = IdAssigner.of(catalog.base_vocab.index)
+        self.assigner = assigner
         self.admission = admission or Admission(worker.engine)
         self.engine, self.ranker = worker.engine, worker.ranker
         self.tokenizer, self.model_name = tokenizer, model_name
@@ -344,28 +353,45 @@ class Service:
         engine's worker thread between batches, so no batch sees a half-updated catalog.
 
         Upsert items with a ``semantic_id`` join the generative catalog; items without one, or
-        with ranker fields (``text``, ``vectors``), go to the ranker. The answer's
-        ``catalogs`` names which catalogs took which item ids.
+        with ranker fields (``text``, ``vectors``), go to the ranker. An item without
+        ``semantic_id`` that gives ``embedding`` (or ``text`` the index's encoder embeds, see
+        :func:`~genrec.catalog.assign.assign_upserts`) is given one by the index's codebooks,
+        then upserted with it like any other: the answer's ``semantic_ids`` lists them. The
+        answer's ``catalogs`` names which catalogs took which item ids.
         """
         catalog = self.catalog
         if catalog is None:
             raise ApiError(400, "no catalog updater")
-        if op == "upsert":
-            data = [{k: v for k, v in it.items() if k != "semantic_id" or v is not None}
-                    for it in payload]
-            try:
-                catalog.check(data)
-                catalog.split(data)
-            except LookupError as err:
-                raise ApiError(400, str(err)) from None
-        elif op == "retire":
-            data = list(payload)
-        else:
+        if op not in ("upsert", "retire"):
             raise RuntimeError(f"unknown catalog operation {op!r}")
-        async with self._updating:
+        data, assigned = list(payload), {}
+        async with self._updating:  # IDs assigned against the catalog the update runs on
+            if op == "upsert":
+                data = [{k: v for k, v in it.items()
+                         if k not in ("semantic_id", "embedding") or v is not None}
+                        for it in payload]
+                data, assigned = await asyncio.to_thread(self._assigned, data)
+                try:
+                    catalog.check(data)
+                    catalog.split(data)
+                except LookupError as err:
+                    raise ApiError(400, str(err)) from None
             # built beside the batches: the worker only swaps it in
             prepared = await asyncio.to_thread(prepare, catalog, op, data)
             change: CatalogChange = await self.scheduler.submit(
                 CatalogUpdate(next(self._seq)), prepared, deadline_ms)
         return {"catalog_version": change.version, "count": len(payload),
-                "catalogs": change.catalogs}
+                "catalogs": change.catalogs, "semantic_ids": assigned or None}
+
+    def _assigned(self, items: list[dict]) -> tuple[list[dict], dict[str, list[int]]]:
+        # upsert items with the Semantic IDs the index's codebooks give (assign_upserts)
+        state = self.engine.catalog
+        if state is None:
+            for k, item in enumerate(items):
+                if "embedding" in item:
+                    raise ValueError(f"items[{k}].embedding: this model has no Semantic-ID "
+                                     f"vocabulary (not a generative model)")
+            return items, {}
+        rows = self.worker.ids.find(item_keys([it["item_id"] for it in items], "items")).tolist()
+        return assign_upserts(items, self.assigner, state.lookup, rows,
+                              ranker=self.catalog.ranker_updater is not None)
