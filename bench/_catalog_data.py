@@ -10,8 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
-from genrec import Engine, EngineConfig, RecommendRequest
+from genrec import (
+    Engine,
+    EngineConfig,  # noqa: E402
+)
 from genrec.catalog.semantic_ids import group_counter, mixed_radix_key
+from genrec.engine import RowRequest  # noqa: E402
 from genrec.engine.catalog_state import CatalogState
 from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID
 from genrec.model import ModelConfig, build_model
@@ -91,7 +95,7 @@ def feasible(n: int, k: int) -> bool:
 FILTERS = ("none", "exclude100", "allow1000")
 
 
-def make_requests(n_items: int, batch: int, kind: str, seed: int) -> list[RecommendRequest]:
+def make_requests(n_items: int, batch: int, kind: str, seed: int) -> list[RowRequest]:
     """``batch`` requests, histories of 20 random items, with no filter, a 100-item exclude
     list or a 1,000-item allow list each (random items, one list per request)."""
     g = torch.Generator().manual_seed(seed)
@@ -103,7 +107,7 @@ def make_requests(n_items: int, batch: int, kind: str, seed: int) -> list[Recomm
             exclude = torch.randint(0, n_items, (100,), generator=g).tolist()
         elif kind == "allow1000":
             allow = torch.randint(0, n_items, (1000,), generator=g).tolist()
-        out.append(RecommendRequest(hist, exclude=exclude, allow=allow))
+        out.append(RowRequest(hist, exclude=exclude, allow=allow))
     return out
 
 

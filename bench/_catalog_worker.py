@@ -35,8 +35,9 @@ from _catalog_data import (  # noqa: E402
 from _dense_engine import DenseCatalog, dense_recommend  # noqa: E402
 from common import time_fn  # noqa: E402
 
-from genrec import BeamParams, Engine, RecommendRequest  # noqa: E402
+from genrec import BeamParams, Engine  # noqa: E402
 from genrec.catalog.semantic_ids import SemanticIndex  # noqa: E402
+from genrec.engine import RowRequest  # noqa: E402
 from genrec.engine.catalog_state import CatalogState  # noqa: E402
 from genrec.generative.vocab import NUM_SPECIAL, SidVocab  # noqa: E402
 
@@ -59,8 +60,8 @@ def sparse_levels(state: CatalogState) -> list[Json]:
 
 
 def recommend_grid(args: argparse.Namespace, n: int, catalogs: dict[str, Any],
-                   run: Callable[[Any, list[RecommendRequest], BeamParams], Any],
-                   filter_cost: Callable[[Any, list[RecommendRequest]], Any]) -> list[Json]:
+                   run: Callable[[Any, list[RowRequest], BeamParams], Any],
+                   filter_cost: Callable[[Any, list[RowRequest]], Any]) -> list[Json]:
     """Median recommend latency for every catalog x batch x filter x width (after two warm-up
     calls), and the filters' own cost per batch."""
     out = []
@@ -118,8 +119,8 @@ def run_sparse(args: argparse.Namespace, codes: torch.Tensor, sizes: list[int],
     rec["delta_state_bytes"] = state_nbytes(live)
     rec["compact_s"], compacted = med(live.compacted, 2 if n <= 1_000_000 else 1, warmup=0)
     reqs = make_requests(n, 4, "exclude100", seed=5)
-    same = [r.items for r in engine.recommend(reqs, BeamParams(32, 10), catalog=live)] == [
-        r.items for r in engine.recommend(reqs, BeamParams(32, 10), catalog=compacted)]
+    same = [r.items for r in engine.recommend_rows(reqs, BeamParams(32, 10), catalog=live)] == [
+        r.items for r in engine.recommend_rows(reqs, BeamParams(32, 10), catalog=compacted)]
     rec["compacted_answers_equal"] = same
     del compacted, after, largest
     if args.paired_items and args.paired_items < n:
@@ -127,7 +128,7 @@ def run_sparse(args: argparse.Namespace, codes: torch.Tensor, sizes: list[int],
         rec["paired_items"] = args.paired_items
     rec["recommend"] = recommend_grid(
         args, n, {"fresh": state, "delta": live},
-        lambda c, r, p: engine.recommend(r, p, catalog=c),
+        lambda c, r, p: engine.recommend_rows(r, p, catalog=c),
         lambda c, r: c.search_filters([q.allow for q in r], [q.exclude for q in r]))
 
 
@@ -155,7 +156,7 @@ def paired(args: argparse.Namespace, engine: Engine, catalogs: dict[str, Catalog
                     for rep in range(rounds):
                         for side, (cat, reqs) in cases.items():
                             t0 = time.perf_counter()
-                            engine.recommend(reqs, params, catalog=cat)
+                            engine.recommend_rows(reqs, params, catalog=cat)
                             if rep:  # the first round warms up
                                 times[side].append(time.perf_counter() - t0)
                         if rep == 1 and times["large"][0] > 0.1:
@@ -175,7 +176,7 @@ def visible(engine: Engine, state: CatalogState, plan: UpdatePlan, n: int) -> bo
     """After the update: an allow list of 50 new and 50 retired items returns exactly the new
     ones, and every upserted ID looks up to its item."""
     new, gone = plan.new_items[:50], plan.retire[:50]
-    got = engine.recommend([RecommendRequest([0, 1, 2], allow=new + gone)],
+    got = engine.recommend_rows([RowRequest([0, 1, 2], allow=new + gone)],
                            BeamParams(128, 100), catalog=state)[0].items
     items = torch.tensor([i for i, _ in plan.upsert])
     found = state.lookup(torch.tensor([c for _, c in plan.upsert]))
@@ -221,7 +222,7 @@ def run_check(args: argparse.Namespace, codes: torch.Tensor, sizes: list[int],
             reqs = make_requests(n, 8, kind, seed=77)
             for width in args.widths:
                 params = BeamParams(width, min(32, width))
-                a = engine.recommend(reqs, params, catalog=sparse_cat)
+                a = engine.recommend_rows(reqs, params, catalog=sparse_cat)
                 b = dense_recommend(engine, dense_cat, reqs, params, offsets, HISTORY)
                 for x, y in zip(a, b, strict=True):
                     cases += 1

@@ -21,7 +21,7 @@ from _dense_trie import DenseTrie, allowed_codes, build_item_mask, ranked_prefix
 from genrec.catalog.semantic_ids import duplicate_groups
 from genrec.engine.beam import BeamResult, level_logprobs, prompt_forward
 from genrec.engine.engine import Engine
-from genrec.engine.params import BeamParams, Recommendation, RecommendRequest
+from genrec.engine.params import BeamParams, RowRecommendation, RowRequest
 from genrec.generative.vocab import BOS_ID
 from genrec.model.beam_step import BeamStepLayout, advance_ancestry
 from genrec.model.decoder import DecoderLM
@@ -161,9 +161,9 @@ def dense_beam_search(
     return BeamResult(items=nodes, scores=scores)
 
 
-def dense_recommend(engine: Engine, catalog: DenseCatalog, requests: Sequence[RecommendRequest],
+def dense_recommend(engine: Engine, catalog: DenseCatalog, requests: Sequence[RowRequest],
                     params: BeamParams, level_offsets: list[int], max_history: int
-                    ) -> list[Recommendation]:
+                    ) -> list[RowRecommendation]:
     """The old ``recommend_batch`` on a :class:`DenseCatalog` (histories only, no user
     vectors; the request checks are the bench's job)."""
     offsets = torch.tensor(level_offsets, dtype=torch.int64)
@@ -183,7 +183,7 @@ def dense_recommend(engine: Engine, catalog: DenseCatalog, requests: Sequence[Re
     out = []
     for row_items, row_scores in zip(items.tolist(), scores.tolist(), strict=True):
         keep = [k for k, item in enumerate(row_items) if item >= 0]
-        out.append(Recommendation(items=[row_items[k] for k in keep],
+        out.append(RowRecommendation(items=[row_items[k] for k in keep],
                                   scores=[row_scores[k] for k in keep]))
     return out
 

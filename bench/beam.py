@@ -42,8 +42,9 @@ from common import (  # noqa: E402
     write_json,
 )
 
-from genrec import BeamParams, Engine, EngineConfig, RecommendRequest  # noqa: E402
+from genrec import BeamParams, Engine, EngineConfig  # noqa: E402
 from genrec.catalog.semantic_ids import SemanticIndex  # noqa: E402
+from genrec.engine import RowRequest  # noqa: E402
 from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab  # noqa: E402
 from genrec.kernels import packed_linear_op  # noqa: E402
 from genrec.model.native_gemm import pack_weight  # noqa: E402
@@ -236,9 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         for w in widths:
             for b in batches:
                 settings.append({"prefix": p, "beam_width": w, "batch": b})
-                reqs = [RecommendRequest(h) for h in histories[p][:b]]
+                reqs = [RowRequest(h) for h in histories[p][:b]]
                 params = BeamParams(beam_width=w, n=min(10, w))
-                timing, recs = time_fn(lambda r=reqs, q=params: engine.recommend(r, q),
+                timing, recs = time_fn(lambda r=reqs, q=params: engine.recommend_rows(r, q),
                                        args.repeats)
                 top1[(p, w, b)] = [r.items[0] for r in recs]
                 records.append({"method": "genrec", "beam_width": w, "batch": b, "prefix": p,
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                       flush=True)
                 if "layers" in methods:
                     native, torch_layers = compare_layers(
-                        lambda r=reqs, q=params: engine.recommend(r, q), args.repeats)
+                        lambda r=reqs, q=params: engine.recommend_rows(r, q), args.repeats)
                     records.append({"method": "genrec-pytorch-layers", "beam_width": w,
                                     "batch": b, "prefix": p, "requests_per_s": b / torch_layers,
                                     "native_requests_per_s": b / native})

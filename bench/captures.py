@@ -24,8 +24,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from genrec import BeamParams, Engine, EngineConfig, RecommendRequest  # noqa: E402
+from genrec import BeamParams, Engine, EngineConfig  # noqa: E402
 from genrec.catalog.semantic_ids import SemanticIndex  # noqa: E402
+from genrec.engine import RowRequest  # noqa: E402
 from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab  # noqa: E402
 from genrec.model import ModelConfig, build_model  # noqa: E402
 
@@ -79,11 +80,11 @@ def main() -> None:
             hist = torch.randint(0, args.items, (8,), generator=g).tolist()
             size = EXCLUDE_SIZES[r % len(EXCLUDE_SIZES)]
             excl = torch.randint(0, args.items, (size,), generator=g).tolist() or None
-            requests.append(RecommendRequest(hist, exclude=excl))
+            requests.append(RowRequest(hist, exclude=excl))
         answers = []
         for engine in engines.values():
             engine.set_catalog(state)
-            answers.append([r.items for r in engine.recommend(requests, params)])
+            answers.append([r.items for r in engine.recommend_rows(requests, params)])
         if answers[0] != answers[1]:
             raise SystemExit(f"batch at request {first}: the engines disagree")
     seconds = time.perf_counter() - start

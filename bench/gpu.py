@@ -69,12 +69,12 @@ from genrec import (  # noqa: E402
     BeamParams,
     Engine,
     EngineConfig,
-    RecommendRequest,
     ScoreParams,
     ScoreRequest,
 )
 from genrec.catalog.item_table import ItemTable  # noqa: E402
 from genrec.catalog.semantic_ids import SemanticIndex  # noqa: E402
+from genrec.engine import RowRequest  # noqa: E402
 from genrec.engine.catalog_state import CatalogState  # noqa: E402
 from genrec.generative.vocab import SOFT_ID, SidVocab  # noqa: E402
 from genrec.model import ModelConfig, build_model  # noqa: E402
@@ -540,13 +540,14 @@ def make_catalog(n_items: int, levels: int, codes: int, seed: int) -> SemanticIn
 
 
 def beam_setting(run: Run, engine: Engine, model_name: str, shape: cm.ModelShape,
-                 graphs: bool, requests: list[RecommendRequest], prompt: int,
+                 graphs: bool, requests: list[RowRequest], prompt: int,
                  params: BeamParams, name: str) -> list[list[int]]:
     """Time one beam-search setting (``len(requests)`` requests per call); returns the items
     of each request."""
     sz, b = run.sizes, len(requests)
     warmup, repeats = (sz.b1_warmup, sz.b1_repeats) if b == 1 else (sz.bn_warmup, sz.bn_repeats)
-    times, recs = timed(lambda: engine.recommend(requests, params), run.device, repeats, warmup)
+    times, recs = timed(lambda: engine.recommend_rows(requests, params), run.device, repeats,
+                        warmup)
     best, median = min(times), statistics.median(times)
     flops = b * beam_flops(shape, prompt, sz.width, sz.levels)
     tflops = flops / best / 1e12
@@ -573,7 +574,7 @@ def part_beam(run: Run) -> None:
     gen = torch.Generator().manual_seed(2)
     histories = torch.randint(0, sz.catalog_items, (max(sz.batches), sz.history_items),
                               generator=gen).tolist()
-    requests = [RecommendRequest(history=h) for h in histories]
+    requests = [RowRequest(history=h) for h in histories]
     prompt = len(vocab.prompt(histories[0]))
     params = BeamParams(beam_width=sz.width, n=sz.n)
     log(f"beam: catalog ready; prompts of {prompt} tokens, width {sz.width}, n {sz.n}, "

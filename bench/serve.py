@@ -40,8 +40,9 @@ from common import (  # noqa: E402
 )
 from common import start_server as start_genrec  # noqa: E402
 
-from genrec import BeamParams, Engine, RecommendRequest  # noqa: E402
+from genrec import BeamParams, Engine  # noqa: E402
 from genrec.catalog.semantic_ids import SemanticIndex  # noqa: E402
+from genrec.engine import RowRequest  # noqa: E402
 from genrec.generative.vocab import NUM_SPECIAL, SidVocab  # noqa: E402
 
 
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                                 for h in histories]}
     params = BeamParams(beam_width=args.beam_width, n=args.n)
     offline = {"/v1/recommend": offline_rate(
-        lambda hs: engine.recommend([RecommendRequest(h) for h in hs], params), histories,
+        lambda hs: engine.recommend_rows([RowRequest(h) for h in hs], params), histories,
         args.max_batch_size, args.duration)}
     if args.ranker:
         from genrec.serving.backends import RankRequest, load_ranker

@@ -10,9 +10,10 @@ import pytest
 import torch
 from serving_support import N_ITEMS, SIZES, tiny_engine
 
-from genrec import BeamParams, Engine, RecommendRequest
+from genrec import BeamParams, Engine
 from genrec.catalog.item_table import ItemTable
 from genrec.duolm.ranker import DuoRanker
+from genrec.engine import RowRequest
 from genrec.serving.backends import RankerCatalogUpdater
 from genrec.serving.catalog import ServiceCatalog
 from genrec.serving.catalog_log import read_state
@@ -88,9 +89,9 @@ def assert_same(a: tuple[ServiceCatalog, DuoRanker], b: tuple[ServiceCatalog, Du
     assert s1.num_items == s2.num_items and s1.retired() == s2.retired()
     n = s1.num_items
     assert torch.equal(s1.codes_of(torch.arange(n)), s2.codes_of(torch.arange(n)))
-    requests = [RecommendRequest([3, 17, 8]), RecommendRequest([5, n - 1], exclude=[0, 1, 2]),
-                RecommendRequest([20], allow=[4, 9, *range(n - 10, n)])]  # new, some retired
-    recs = [c.engine.recommend(requests, BeamParams(12, 12)) for c in (one, two)]
+    requests = [RowRequest([3, 17, 8]), RowRequest([5, n - 1], exclude=[0, 1, 2]),
+                RowRequest([20], allow=[4, 9, *range(n - 10, n)])]  # new, some retired
+    recs = [c.engine.recommend_rows(requests, BeamParams(12, 12)) for c in (one, two)]
     assert [r.items for r in recs[0]] == [r.items for r in recs[1]]
     for x, y in zip(*recs, strict=True):
         assert x.scores == pytest.approx(y.scores, abs=1e-4)

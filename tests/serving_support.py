@@ -12,9 +12,10 @@ import httpx
 import pytest
 import torch
 
-from genrec import BeamParams, Engine, EngineConfig, RecommendRequest, ScoreParams, ScoreRequest
+from genrec import BeamParams, Engine, EngineConfig, ScoreParams, ScoreRequest
 from genrec.catalog.item_table import ItemTable
 from genrec.catalog.semantic_ids import SemanticIndex
+from genrec.engine import RowRequest
 from genrec.generative.vocab import BOS_ID, NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.model import ModelConfig, build_model
 from genrec.serving import BackgroundServer, RankRequest, ServeConfig, create_app
@@ -135,9 +136,9 @@ def rows(ids: list | None) -> list[int] | None:
 
 def offline(engine: Engine, body: dict) -> tuple[list[str], list[float]]:
     """The items (ids) and scores the engine gives for a ``/v1/recommend`` body."""
-    req = RecommendRequest(rows(body["history"]), body.get("user_vector"),
+    req = RowRequest(rows(body["history"]), body.get("user_vector"),
                            rows(body.get("exclude")), rows(body.get("allow")))
-    rec = engine.recommend([req], BeamParams(body.get("beam_width", 20), body.get("n", 10)))[0]
+    rec = engine.recommend_rows([req], BeamParams(body.get("beam_width", 20), body.get("n", 10)))[0]
     return [str(i) for i in rec.items], rec.scores
 
 

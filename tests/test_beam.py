@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from search_reference import exhaustive_top
 
-from genrec import BeamParams, Engine, EngineConfig, RecommendRequest
+from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.semantic_ids import SemanticIndex
-from genrec.engine.retrieval import exhaustive_top
+from genrec.engine import RowRequest
 from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.model import ModelConfig, build_model
 
@@ -34,19 +35,19 @@ def engine() -> Engine:
     return Engine(model, config=EngineConfig(soft_token_id=SOFT_ID), vocab=vocab)
 
 
-def _requests() -> list[RecommendRequest]:
+def _requests() -> list[RowRequest]:
     return [
-        RecommendRequest(history=[3, 17, 8]),
-        RecommendRequest(history=[1], user_vector=torch.linspace(-1, 1, 5)),
-        RecommendRequest(history=[5, 6, 7, 8, 9, 10, 11, 12], exclude=[0, 1, 2]),
-        RecommendRequest(history=[20], allow=[4, 9, 30, 31]),
+        RowRequest(history=[3, 17, 8]),
+        RowRequest(history=[1], user_vector=torch.linspace(-1, 1, 5)),
+        RowRequest(history=[5, 6, 7, 8, 9, 10, 11, 12], exclude=[0, 1, 2]),
+        RowRequest(history=[20], allow=[4, 9, 30, 31]),
     ]
 
 
 @pytest.mark.parametrize("index", range(4))
 def test_wide_beam_equals_exhaustive_top(engine: Engine, index: int) -> None:
     request = _requests()[index]
-    got = engine.recommend([request], BeamParams(beam_width=40, n=10))[0]
+    got = engine.recommend_rows([request], BeamParams(beam_width=40, n=10))[0]
     items, scores = exhaustive_top(engine, request, 10)
     assert got.items == items.tolist()
     assert torch.allclose(torch.tensor(got.scores), scores, atol=1e-4)
@@ -54,15 +55,15 @@ def test_wide_beam_equals_exhaustive_top(engine: Engine, index: int) -> None:
 
 def test_batched_equals_alone(engine: Engine) -> None:
     params = BeamParams(beam_width=8, n=5)
-    together = engine.recommend(_requests(), params)
+    together = engine.recommend_rows(_requests(), params)
     for request, rec in zip(_requests(), together, strict=True):
-        alone = engine.recommend([request], params)[0]
+        alone = engine.recommend_rows([request], params)[0]
         assert alone.items == rec.items
         assert torch.allclose(torch.tensor(alone.scores), torch.tensor(rec.scores), atol=1e-5)
 
 
 def test_outputs_are_catalog_items_and_filters_hold(engine: Engine) -> None:
-    recs = engine.recommend(_requests(), BeamParams(beam_width=6, n=6))
+    recs = engine.recommend_rows(_requests(), BeamParams(beam_width=6, n=6))
     for rec in recs:
         assert len(rec.items) == len(set(rec.items)) and all(0 <= i < 40 for i in rec.items)
         assert rec.scores == sorted(rec.scores, reverse=True)
@@ -71,32 +72,32 @@ def test_outputs_are_catalog_items_and_filters_hold(engine: Engine) -> None:
 
 
 def test_filters_that_remove_everything_give_an_empty_result(engine: Engine) -> None:
-    rec = engine.recommend([RecommendRequest([1], exclude=list(range(40)))])[0]
+    rec = engine.recommend_rows([RowRequest([1], exclude=list(range(40)))])[0]
     assert rec.items == [] and rec.scores == []
-    rec = engine.recommend([RecommendRequest([1], allow=[])], BeamParams(4, 2))[0]
+    rec = engine.recommend_rows([RowRequest([1], allow=[])], BeamParams(4, 2))[0]
     assert rec.items == []
 
 
 @pytest.mark.parametrize(
     ("request_", "params", "message"),
     [
-        (RecommendRequest([1, 99]), BeamParams(), r"requests\[0\].history: unknown item id 99"),
-        (RecommendRequest([]), BeamParams(), "empty history"),
-        (RecommendRequest([1], exclude=[-1]), BeamParams(), "exclude: unknown item id -1"),
-        (RecommendRequest([1]), BeamParams(beam_width=4, n=5), "must not exceed beam_width"),
-        (RecommendRequest([1]), BeamParams(beam_width=1100, n=5), "over the limit of 1024"),
-        (RecommendRequest([1], user_vector=[1.0, 2.0]), BeamParams(), "dimension 5"),
+        (RowRequest([1, 99]), BeamParams(), r"requests\[0\].history: unknown item id 99"),
+        (RowRequest([]), BeamParams(), "empty history"),
+        (RowRequest([1], exclude=[-1]), BeamParams(), "exclude: unknown item id -1"),
+        (RowRequest([1]), BeamParams(beam_width=4, n=5), "must not exceed beam_width"),
+        (RowRequest([1]), BeamParams(beam_width=1100, n=5), "over the limit of 1024"),
+        (RowRequest([1], user_vector=[1.0, 2.0]), BeamParams(), "dimension 5"),
     ],
 )
 def test_bad_requests(engine: Engine, request_, params, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        engine.recommend([request_], params)
-    assert engine.recommend([RecommendRequest([2])], BeamParams(4, 2))[0].items
+        engine.recommend_rows([request_], params)
+    assert engine.recommend_rows([RowRequest([2])], BeamParams(4, 2))[0].items
 
 
 def test_engine_without_vocabulary_refuses(engine: Engine) -> None:
     with pytest.raises(ValueError, match="no Semantic-ID vocabulary"):
-        Engine(engine.model).recommend([RecommendRequest([1])])
+        Engine(engine.model).recommend_rows([RowRequest([1])])
 
 
 @pytest.mark.parametrize(("requests", "beams", "codes", "width", "parts"),

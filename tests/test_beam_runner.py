@@ -7,8 +7,9 @@ import pytest
 import torch
 from beam_reference import constrained_beam_search as reordering_search
 
-from genrec import BeamParams, Engine, EngineConfig, RecommendRequest
+from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.semantic_ids import SemanticIndex
+from genrec.engine import RowRequest
 from genrec.engine.beam_runner import bucket
 from genrec.engine.search_buffers import prefix_bucket
 from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
@@ -33,12 +34,12 @@ def _engine(**config: object) -> Engine:
                   vocab=SidVocab(index, max_history=12))
 
 
-def _requests() -> list[RecommendRequest]:
+def _requests() -> list[RowRequest]:
     return [
-        RecommendRequest([3, 17, 8]),
-        RecommendRequest([1], user_vector=[0.5, -1.0, 0.2]),
-        RecommendRequest([5, 6, 7, 8, 9, 10, 11, 12, 13, 14], exclude=[0, 1, 2, 40]),
-        RecommendRequest([20, 21], allow=[4, 9, 30, 31, 55]),
+        RowRequest([3, 17, 8]),
+        RowRequest([1], user_vector=[0.5, -1.0, 0.2]),
+        RowRequest([5, 6, 7, 8, 9, 10, 11, 12, 13, 14], exclude=[0, 1, 2, 40]),
+        RowRequest([20, 21], allow=[4, 9, 30, 31, 55]),
     ]
 
 
@@ -50,7 +51,7 @@ def _with_delta(engine: Engine) -> None:
     engine.set_catalog(cat.updated([(N_ITEMS, free[0]), (7, free[1])], retire=[3, 26]))
 
 
-def _reference(engine: Engine, requests: list[RecommendRequest], width: int
+def _reference(engine: Engine, requests: list[RowRequest], width: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
     cat = engine.catalog
     prompts = cat.prompts([list(r.history) for r in requests],
@@ -72,7 +73,7 @@ def test_search_equals_the_reordering_search(attention_path: str, width: int,
         _with_delta(engine)
     requests = _requests()
     items, scores = _reference(engine, requests, width)
-    got = engine.recommend(requests, BeamParams(width, width))
+    got = engine.recommend_rows(requests, BeamParams(width, width))
     for r, rec in enumerate(got):
         keep = items[r] >= 0
         assert rec.items == items[r][keep].tolist()
@@ -86,36 +87,37 @@ def test_request_buckets_pad_without_changing_results() -> None:
     exact, padded = _engine(), _engine(search_request_buckets=(2, 8))
     params = BeamParams(6, 6)
     for n in (1, 3, 4):
-        want = exact.recommend(_requests()[:n], params)
-        got = padded.recommend(_requests()[:n], params)
+        want = exact.recommend_rows(_requests()[:n], params)
+        got = padded.recommend_rows(_requests()[:n], params)
         assert [r.items for r in got] == [r.items for r in want]
         for a, b in zip(got, want, strict=True):
             assert torch.allclose(torch.tensor(a.scores), torch.tensor(b.scores), atol=1e-6)
     rows = sorted(b.requests for b in padded.searches.kept_buffers())
     assert rows == [2, 8]  # 1 -> 2, 3 and 4 -> 8
     # above the largest bucket: its own size
-    many = padded.recommend(_requests() * 3, params)
-    assert [r.items for r in many] == [r.items for r in exact.recommend(_requests() * 3, params)]
+    many = padded.recommend_rows(_requests() * 3, params)
+    want = exact.recommend_rows(_requests() * 3, params)
+    assert [r.items for r in many] == [r.items for r in want]
     assert 12 in {b.requests for b in padded.searches.kept_buffers()}
 
 
 def test_buffers_are_reused_across_calls() -> None:
     engine = _engine()
     params = BeamParams(4, 4)
-    first = engine.recommend(_requests()[:2], params)
+    first = engine.recommend_rows(_requests()[:2], params)
     [buffers] = engine.searches.kept_buffers()
     pointers = [t.data_ptr() for t in buffers.cache.prefix_k + buffers.cache.branch_v]
     # other prompts of the same shape bucket: the same buffers and runner
-    other = [RecommendRequest([9, 10, 11]), RecommendRequest([2, 4])]
-    engine.recommend(other, params)
+    other = [RowRequest([9, 10, 11]), RowRequest([2, 4])]
+    engine.recommend_rows(other, params)
     assert list(engine.searches.kept_buffers()) == [buffers]
     assert len(engine.searches.kept_runners()) == 1
     assert [t.data_ptr() for t in buffers.cache.prefix_k + buffers.cache.branch_v] == pointers
-    assert [r.items for r in engine.recommend(_requests()[:2], params)] == [
+    assert [r.items for r in engine.recommend_rows(_requests()[:2], params)] == [
         r.items for r in first]
     # a new catalog version: a new runner (its tries), the same buffers
     _with_delta(engine)
-    engine.recommend(_requests()[:2], params)
+    engine.recommend_rows(_requests()[:2], params)
     assert list(engine.searches.kept_buffers()) == [buffers]
     assert len(engine.searches.kept_runners()) == 2
 
@@ -123,7 +125,7 @@ def test_buffers_are_reused_across_calls() -> None:
 def test_runners_are_bounded() -> None:
     engine = _engine(max_search_runners=2)
     for width in (2, 3, 4):
-        engine.recommend(_requests()[:1], BeamParams(width, 1))
+        engine.recommend_rows(_requests()[:1], BeamParams(width, 1))
     assert len(engine.searches.kept_buffers()) == 2 and len(engine.searches.kept_runners()) == 2
     assert {b.width for b in engine.searches.kept_buffers()} == {3, 4}
 
@@ -145,7 +147,7 @@ def test_search_reads_nothing_back_to_the_host(monkeypatch: pytest.MonkeyPatch,
     engine = _engine(search_request_buckets=(8,) if graphs_like else None)
     _with_delta(engine)
     requests = _requests()
-    want = engine.recommend(requests, BeamParams(8, 8))  # warm: probes, memoised layouts
+    want = engine.recommend_rows(requests, BeamParams(8, 8))  # warm: probes, memoised layouts
     prepared = engine.prepare_recommend(requests, BeamParams(8, 8))
     cat, batch = prepared.catalog, prepared.batch
     args = (cat.parts(), prepared.filters, cat.level_offsets, engine.embed(batch),
@@ -160,24 +162,24 @@ def test_search_reads_nothing_back_to_the_host(monkeypatch: pytest.MonkeyPatch,
 
 def test_buffers_are_bounded_in_bytes() -> None:
     probe = _engine()
-    probe.recommend(_requests()[:2], BeamParams(4, 1))
+    probe.recommend_rows(_requests()[:2], BeamParams(4, 1))
     [two] = probe.searches.kept_buffers()
     # room for the larger set only: it drops the first (and its runner); kept buffers take
     # half the memory budget
     engine = _engine(memory_budget_bytes=2 * two.nbytes())
-    engine.recommend(_requests()[:1], BeamParams(4, 1))
-    engine.recommend(_requests()[:2], BeamParams(4, 1))
+    engine.recommend_rows(_requests()[:1], BeamParams(4, 1))
+    engine.recommend_rows(_requests()[:2], BeamParams(4, 1))
     assert [b.requests for b in engine.searches.kept_buffers()] == [2]
     assert all(r.buffers.requests == 2 for r in engine.searches.kept_runners())
     # a set above the bound still runs, and is not kept after its search
     tiny = _engine(memory_budget_bytes=1)
-    assert tiny.recommend(_requests(), BeamParams(4, 2))[0].items
+    assert tiny.recommend_rows(_requests(), BeamParams(4, 2))[0].items
     assert not tiny.searches.kept_buffers() and not tiny.searches.kept_runners()
 
 
 def test_buffer_bytes_are_known_before_allocating() -> None:
     engine = _engine()
-    engine.recommend(_requests(), BeamParams(8, 3))
+    engine.recommend_rows(_requests(), BeamParams(8, 3))
     stats = engine.searches.stats()
     assert stats.buffer_sets == 1 and stats.runners == 1 and stats.runners_made == 1
     longest = max(len(engine.catalog.prompts([r.history], [r.user_vector is not None])[0])
@@ -191,13 +193,13 @@ def test_runner_is_reused_across_calls_within_the_budget(fits: bool) -> None:
     # the runner (on CUDA its captured graph) serves every call of a shape whose buffers fit
     # the budget's share; a shape above it is made again at each call
     probe = _engine()
-    probe.recommend(_requests(), BeamParams(8, 3))
+    probe.recommend_rows(_requests(), BeamParams(8, 3))
     need = probe.searches.stats().bytes
     engine = _engine(memory_budget_bytes=2 * need if fits else 2 * need - 2)
     assert engine.searches.keeps(len(_requests()), 8, 64, len(SIZES)) is fits
-    first = engine.recommend(_requests(), BeamParams(8, 3))
+    first = engine.recommend_rows(_requests(), BeamParams(8, 3))
     for _ in range(2):
-        assert [r.items for r in engine.recommend(_requests(), BeamParams(8, 3))] == [
+        assert [r.items for r in engine.recommend_rows(_requests(), BeamParams(8, 3))] == [
             r.items for r in first]
     assert engine.searches.stats().runners_made == (1 if fits else 3)
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from search_reference import exhaustive_top
 
-from genrec import BeamParams, Engine, EngineConfig, RecommendRequest
+from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.semantic_ids import SemanticIndex
+from genrec.engine import RowRequest
 from genrec.engine.catalog_state import CatalogState
-from genrec.engine.retrieval import exhaustive_top
 from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.model import ModelConfig, build_model
 
@@ -51,9 +52,9 @@ def _changed(engine: Engine) -> CatalogState:
     return state
 
 
-def _assert_exact(engine: Engine, state: CatalogState, requests: list[RecommendRequest],
+def _assert_exact(engine: Engine, state: CatalogState, requests: list[RowRequest],
                   width: int, n: int) -> None:
-    got = engine.recommend(requests, BeamParams(width, n), catalog=state)
+    got = engine.recommend_rows(requests, BeamParams(width, n), catalog=state)
     for request, rec in zip(requests, got, strict=True):
         items, scores = exhaustive_top(engine, request, n, catalog=state)
         assert rec.items == items.tolist()
@@ -67,9 +68,9 @@ def test_wide_beams_over_base_and_delta_equal_exhaustive_scoring(width: int) -> 
     engine = _engine(220 if width == 256 else 900)
     state = _changed(engine)
     n = state.num_items
-    requests = [RecommendRequest([3, 17, 8]),
-                RecommendRequest([1, 2], exclude=[0, 4, 6, n - 1, 13]),
-                RecommendRequest([20], allow=[4, 9, 30, 31, n - 2, 5, 11, 2])]
+    requests = [RowRequest([3, 17, 8]),
+                RowRequest([1, 2], exclude=[0, 4, 6, n - 1, 13]),
+                RowRequest([20], allow=[4, 9, 30, 31, n - 2, 5, 11, 2])]
     _assert_exact(engine, state, requests, width, n=min(width, 200))
     _assert_exact(engine, engine.catalog, requests[:1], width, n=min(width, 200))
 
@@ -77,13 +78,13 @@ def test_wide_beams_over_base_and_delta_equal_exhaustive_scoring(width: int) -> 
 def test_compaction_and_rebase_change_nothing_visible() -> None:
     engine = _engine(200)
     state = _changed(engine)
-    requests = [RecommendRequest([3, 17, 8]), RecommendRequest([7], exclude=[1, 2, 3])]
+    requests = [RowRequest([3, 17, 8]), RowRequest([7], exclude=[1, 2, 3])]
     params = BeamParams(64, 20)
-    want = engine.recommend(requests, params, catalog=state)
+    want = engine.recommend_rows(requests, params, catalog=state)
     compact = state.compacted()
     assert compact.delta_trie is None and compact.retired() == state.retired()
     assert compact.version == state.version
-    assert engine.recommend(requests, params, catalog=compact) == want
+    assert engine.recommend_rows(requests, params, catalog=compact) == want
     # updates made while the compaction ran are carried onto its result
     n = state.num_items
     later = state.updated([(n, _free_ids(state, 1, seed=9)[0]), (0, None)], retire=[7, 8])
@@ -91,7 +92,7 @@ def test_compaction_and_rebase_change_nothing_visible() -> None:
     rebased = later.rebased(compact)
     assert rebased.version == later.version and rebased.trie is compact.trie
     assert rebased.delta_items.tolist() == [20, n]
-    assert engine.recommend(requests, params, catalog=rebased) == engine.recommend(
+    assert engine.recommend_rows(requests, params, catalog=rebased) == engine.recommend_rows(
         requests, params, catalog=later)
     every = torch.arange(later.num_items)
     assert torch.equal(rebased.codes_of(every), later.codes_of(every))

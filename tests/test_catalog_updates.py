@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from search_reference import exhaustive_top
 from serving_support import N_ITEMS, SIZES, EngineRanker, tiny_engine
 
-from genrec import BeamParams, Engine, RecommendRequest
-from genrec.engine.retrieval import exhaustive_top
+from genrec import BeamParams, Engine
+from genrec.engine import RowRequest
 from genrec.serving.catalog import ServiceCatalog
 
-REQUESTS = [RecommendRequest([3, 17, 8]), RecommendRequest([1], [0.5] * 5),
-            RecommendRequest([5, 6, 7], exclude=[0, 1, 2]),
-            RecommendRequest([20], allow=[4, 9, 30, 31, 40])]
+REQUESTS = [RowRequest([3, 17, 8]), RowRequest([1], [0.5] * 5),
+            RowRequest([5, 6, 7], exclude=[0, 1, 2]),
+            RowRequest([20], allow=[4, 9, 30, 31, 40])]
 
 
 def free_sids(engine: Engine, n: int) -> list[list[int]]:
@@ -24,8 +25,8 @@ def free_sids(engine: Engine, n: int) -> list[list[int]]:
     return [c for c in every if tuple(c) not in used][:n]
 
 
-def top(engine: Engine, requests: list[RecommendRequest], **kw: object) -> list[list[int]]:
-    return [r.items for r in engine.recommend(requests, BeamParams(60, 60), **kw)]
+def top(engine: Engine, requests: list[RowRequest], **kw: object) -> list[list[int]]:
+    return [r.items for r in engine.recommend_rows(requests, BeamParams(60, 60), **kw)]
 
 
 def test_retired_items_are_never_returned_and_wide_beams_stay_exact() -> None:
@@ -35,7 +36,7 @@ def test_retired_items_are_never_returned_and_wide_beams_stay_exact() -> None:
     retired = sorted({first[0][0], first[1][0], first[1][3], 7})
     engine.set_catalog(before.updated(retire=retired))
     assert engine.catalog.retired() == retired and engine.catalog.version == 1
-    got = engine.recommend(REQUESTS[:3], BeamParams(60, 60))
+    got = engine.recommend_rows(REQUESTS[:3], BeamParams(60, 60))
     for request, rec in zip(REQUESTS[:3], got, strict=True):
         assert not set(rec.items) & set(retired)
         want, scores = exhaustive_top(engine, request, 60)
@@ -44,7 +45,7 @@ def test_retired_items_are_never_returned_and_wide_beams_stay_exact() -> None:
     for request, items in zip(REQUESTS[:2], top(engine, REQUESTS[:2]), strict=True):
         assert items == exhaustive_top(engine, request, 60)[0].tolist()  # no filter at all
     # a retired item may still be in a history; the old state still answers as before
-    assert top(engine, [RecommendRequest(retired)])[0]
+    assert top(engine, [RowRequest(retired)])[0]
     assert top(engine, REQUESTS[:3], catalog=before) == first
     # an item comes back when upserted again
     back = before.updated(retire=retired).updated([(7, engine.vocab.index.codes[7].tolist())])
@@ -58,7 +59,7 @@ def test_new_items_join_the_trie_and_collisions_name_the_field() -> None:
     new = state.updated([(N_ITEMS, sid_a), (5, None), (N_ITEMS + 1, sid_b)])
     engine.set_catalog(new)
     assert new.num_items == N_ITEMS + 2 and new.vocab.index.codes[N_ITEMS].tolist() == sid_a
-    got = engine.recommend([REQUESTS[3]], BeamParams(60, 60))[0]
+    got = engine.recommend_rows([REQUESTS[3]], BeamParams(60, 60))[0]
     assert N_ITEMS in got.items and got.items == exhaustive_top(engine, REQUESTS[3], 60)[0].tolist()
     assert engine.vocab.prompt([N_ITEMS])[1:] == engine.vocab.item_tokens([N_ITEMS])[0].tolist()
     taken = new.vocab.index.codes[3].tolist()

@@ -15,8 +15,9 @@ import pytest
 import torch
 from hf_layouts import PUBLISHED, VOCAB, hf_logprobs, hf_model, make_checkpoint, published
 
-from genrec import BeamParams, Engine, EngineConfig, RecommendRequest, ScoreParams
+from genrec import BeamParams, Engine, EngineConfig, ScoreParams
 from genrec.catalog.semantic_ids import SemanticIndex
+from genrec.engine import RowRequest
 from genrec.generative.vocab import SOFT_ID, SidVocab
 from genrec.model import build_layout, load_model, save_model
 from genrec.training.extend_vocab import adapt_pretrained
@@ -129,7 +130,7 @@ def test_recommend_scores_are_transformers_logliks(checkpoint, name: str) -> Non
     history = torch.randint(0, 40, (30,), generator=torch.Generator().manual_seed(1)).tolist()
     prompt = vocab.prompt(history)
     assert len(prompt) > ORIGINAL_MAX
-    rec = engine.recommend([RecommendRequest(history)], BeamParams(beam_width=8, n=5))[0]
+    rec = engine.recommend_rows([RowRequest(history)], BeamParams(beam_width=8, n=5))[0]
     assert len(rec.items) == 5
     for item, score in zip(rec.items, rec.scores, strict=True):
         sid = vocab.item_tokens([item])[0].tolist()

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from test_commands_generative import invoke, runner
 
-from genrec import BeamParams, Engine, RecommendRequest
+from genrec import BeamParams, Engine
 from genrec.cli import app
+from genrec.engine import RowRequest
 
 N_USERS, N_ITEMS = 30, 40
 TINY = ["--hidden", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--head-dim", "8",
@@ -74,7 +75,7 @@ def test_every_user_in_the_tables_ids(trained: tuple[Path, Path, dict], tmp_path
     for line in lines:
         history = histories[line["user_id"]]
         rows = [ids.index(i) for i in history]
-        want = engine.recommend([RecommendRequest(rows, exclude=sorted(set(rows)))],
+        want = engine.recommend_rows([RowRequest(rows, exclude=sorted(set(rows)))],
                                 BeamParams(8, 5))[0]
         assert line["items"] == [ids[i] for i in want.items]
         assert line["scores"] == pytest.approx(want.scores, abs=1e-4)

@@ -13,12 +13,12 @@ from genrec import (
     BeamParams,
     Engine,
     EngineConfig,
-    RecommendRequest,
     ScoreParams,
     ScoreRequest,
 )
 from genrec.catalog.item_table import ItemTable
 from genrec.catalog.semantic_ids import SemanticIndex
+from genrec.engine import RowRequest
 from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.model import ModelConfig, build_model
 
@@ -77,7 +77,7 @@ def cuda_model() -> torch.nn.Module:
     return _model().to("cuda")
 
 
-def _requests(seed: int = 0, count: int = 3) -> list[RecommendRequest]:
+def _requests(seed: int = 0, count: int = 3) -> list[RowRequest]:
     """Requests of different prompt lengths, a user vector, an exclude and an allow list (3
     requests: the GPU pads them to a bucket of 4)."""
     g = torch.Generator().manual_seed(seed)
@@ -86,15 +86,15 @@ def _requests(seed: int = 0, count: int = 3) -> list[RecommendRequest]:
         return torch.randint(0, N_ITEMS, (n,), generator=g).tolist()
 
     reqs = [
-        RecommendRequest(history=history(7)),
-        RecommendRequest(history=history(2), user_vector=torch.randn(USER_DIM, generator=g)),
-        RecommendRequest(history=history(12), exclude=history(20)),
-        RecommendRequest(history=history(4), allow=sorted(set(history(30)))),
+        RowRequest(history=history(7)),
+        RowRequest(history=history(2), user_vector=torch.randn(USER_DIM, generator=g)),
+        RowRequest(history=history(12), exclude=history(20)),
+        RowRequest(history=history(4), allow=sorted(set(history(30)))),
     ]
     return reqs[:count]
 
 
-def _assert_same(got, want, atol: float = 1e-4) -> None:  # noqa: ANN001 - Recommendation lists
+def _assert_same(got, want, atol: float = 1e-4) -> None:  # noqa: ANN001 - RowRecommendation lists
     assert len(got) == len(want)
     for g, w in zip(got, want, strict=True):
         assert g.items == w.items
@@ -108,8 +108,8 @@ def test_recommend_on_cuda_equals_cpu(cpu_model, cuda_model, vocab, graphs, coun
     cpu = Engine(cpu_model, config=_config(), vocab=vocab)
     gpu = Engine(cuda_model, config=_config(graphs), vocab=vocab)
     reqs = _requests(count=count)
-    want = cpu.recommend(reqs, PARAMS)
-    got = gpu.recommend(reqs, PARAMS)
+    want = cpu.recommend_rows(reqs, PARAMS)
+    got = gpu.recommend_rows(reqs, PARAMS)
     assert all(len(r.items) > 0 for r in got)
     _assert_same(got, want)
 
@@ -118,12 +118,13 @@ def test_graphs_equal_eager_and_replays_follow_new_inputs(cuda_model, vocab) -> 
     graphs = Engine(cuda_model, config=_config(True), vocab=vocab)
     eager = Engine(cuda_model, config=_config(False), vocab=vocab)
     first, second = _requests(seed=0), _requests(seed=1)
-    want_first, want_second = eager.recommend(first, PARAMS), eager.recommend(second, PARAMS)
-    _assert_same(graphs.recommend(first, PARAMS), want_first, atol=1e-5)
+    want_first = eager.recommend_rows(first, PARAMS)
+    want_second = eager.recommend_rows(second, PARAMS)
+    _assert_same(graphs.recommend_rows(first, PARAMS), want_first, atol=1e-5)
     # the same shape again: a replay, over the same inputs and over new ones
-    _assert_same(graphs.recommend(first, PARAMS), want_first, atol=1e-5)
-    _assert_same(graphs.recommend(second, PARAMS), want_second, atol=1e-5)
-    _assert_same(graphs.recommend(first, PARAMS), want_first, atol=1e-5)
+    _assert_same(graphs.recommend_rows(first, PARAMS), want_first, atol=1e-5)
+    _assert_same(graphs.recommend_rows(second, PARAMS), want_second, atol=1e-5)
+    _assert_same(graphs.recommend_rows(first, PARAMS), want_first, atol=1e-5)
     # the engine's runner pool: a graph was captured and kept
     assert any(r.graph is not None for r in graphs.searches.kept_runners())
 
@@ -131,10 +132,10 @@ def test_graphs_equal_eager_and_replays_follow_new_inputs(cuda_model, vocab) -> 
 def test_graphs_in_bf16_equal_eager(vocab) -> None:  # noqa: ANN001
     model = _model().to("cuda", torch.bfloat16)
     reqs = _requests(count=4)
-    eager = Engine(model, config=_config(False), vocab=vocab).recommend(reqs, PARAMS)
+    eager = Engine(model, config=_config(False), vocab=vocab).recommend_rows(reqs, PARAMS)
     engine = Engine(model, config=_config(True), vocab=vocab)
     for _ in range(2):
-        got = engine.recommend(reqs, PARAMS)
+        got = engine.recommend_rows(reqs, PARAMS)
         for g, e in zip(got, eager, strict=True):
             assert g.items and all(0 <= i < N_ITEMS for i in g.items)
             assert g.items[:3] == e.items[:3]
@@ -166,7 +167,7 @@ def test_search_levels_do_no_host_sync(cuda_model, vocab, monkeypatch) -> None: 
 
     monkeypatch.setattr(beam_runner, "search_levels", trapped)
     engine = Engine(cuda_model, config=_config(False), vocab=vocab)
-    got = engine.recommend(_requests(count=4), PARAMS)
+    got = engine.recommend_rows(_requests(count=4), PARAMS)
     assert calls and all(r.items for r in got)
 
 
@@ -243,7 +244,7 @@ def test_whole_search_reads_nothing_back(cuda_model, vocab, graphs: bool) -> Non
 
     engine = Engine(cuda_model, config=_config(graphs), vocab=vocab)
     reqs = _requests(count=3)
-    want = engine.recommend(reqs, PARAMS)
+    want = engine.recommend_rows(reqs, PARAMS)
     prepared = engine.prepare_recommend(reqs, PARAMS)
     cat, batch = prepared.catalog, prepared.batch
     args = (cat.parts(), prepared.filters, cat.level_offsets, engine.embed(batch),
@@ -262,13 +263,13 @@ def test_graphs_follow_catalog_updates(cuda_model, cpu_model, vocab) -> None:  #
     gpu = Engine(cuda_model, config=_config(True), vocab=vocab)
     cpu = Engine(cpu_model, config=_config(), vocab=vocab)
     reqs = _requests(count=4)
-    before = gpu.recommend(reqs, PARAMS)
+    before = gpu.recommend_rows(reqs, PARAMS)
     gone = sorted({i for r in before for i in r.items[:2]})
     for engine in (gpu, cpu):
         engine.set_catalog(engine.catalog.updated(retire=gone))
-    after = gpu.recommend(reqs, PARAMS)
+    after = gpu.recommend_rows(reqs, PARAMS)
     assert not {i for r in after for i in r.items} & set(gone)
-    _assert_same(after, cpu.recommend(reqs, PARAMS))
+    _assert_same(after, cpu.recommend_rows(reqs, PARAMS))
     assert len(gpu.searches.kept_runners()) == 2
 
 

@@ -144,7 +144,7 @@ def test_http_answer_equals_engine_recommend(short_demo: tuple[DemoResult, list[
     assert result.request["history"] == [item_name(i) for i in request.history]
     assert result.request["history"][0].startswith("song-")
     assert result.sample_target == data.sequences[result.sample_user][-1]
-    expected = engine.recommend([request], BeamParams(beam_width=20, n=10))[0]
+    expected = engine.recommend_rows([request], BeamParams(beam_width=20, n=10))[0]
     assert result.answer["items"] == [item_name(i) for i in expected.items]
     assert len(expected.items) == 10
     assert result.answer["scores"] == pytest.approx(expected.scores, abs=1e-6)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from search_reference import exhaustive_top
 from serving_support import SIZES, tiny_engine
 
-from genrec import BeamParams, Engine, RecommendRequest
+from genrec import BeamParams, Engine
 from genrec.catalog.semantic_ids import SemanticIndex
+from genrec.engine import RowRequest
 from genrec.engine.ensemble import Ensemble
-from genrec.engine.retrieval import exhaustive_top
 from genrec.generative.vocab import SidVocab
 
 
@@ -23,13 +24,13 @@ def members() -> list[Engine]:
 
 
 REQUESTS = [
-    RecommendRequest(history=[3, 17, 8]),
-    RecommendRequest(history=[5, 6, 7, 8, 9, 10, 11, 12], exclude=[0, 1, 2, 13, 14]),
-    RecommendRequest(history=[20], allow=[4, 9, 30, 31, 33]),
+    RowRequest(history=[3, 17, 8]),
+    RowRequest(history=[5, 6, 7, 8, 9, 10, 11, 12], exclude=[0, 1, 2, 13, 14]),
+    RowRequest(history=[20], allow=[4, 9, 30, 31, 33]),
 ]
 
 
-def _mean_exhaustive(members: list[Engine], request: RecommendRequest) -> dict[int, float]:
+def _mean_exhaustive(members: list[Engine], request: RowRequest) -> dict[int, float]:
     """Every allowed item's mean log-probability over the members (the reference)."""
     n = members[0].catalog.num_items
     total: dict[int, float] = {}
@@ -45,7 +46,7 @@ def test_full_beams_give_the_exact_mean_ranking(members: list[Engine], index: in
     """Beams as wide as the catalog propose every allowed item: the ensemble's top-n is then
     the top-n of the members' mean log-probability over the whole (filtered) catalog."""
     request = REQUESTS[index]
-    got = Ensemble(members).recommend([request], BeamParams(beam_width=40, n=5))[0]
+    got = Ensemble(members).recommend_rows([request], BeamParams(beam_width=40, n=5))[0]
     ref = _mean_exhaustive(members, request)
     best = sorted(ref.items(), key=lambda kv: -kv[1])[: len(got.items)]
     assert got.items == [item for item, _ in best]
@@ -56,7 +57,7 @@ def test_full_beams_give_the_exact_mean_ranking(members: list[Engine], index: in
 def test_narrow_beams_score_every_proposal_exactly(members: list[Engine]) -> None:
     """With narrow beams the pool is smaller, but each returned score is still the exact
     mean over every member, filters hold, and the scores come best first."""
-    recs = Ensemble(members).recommend(REQUESTS, BeamParams(beam_width=4, n=4))
+    recs = Ensemble(members).recommend_rows(REQUESTS, BeamParams(beam_width=4, n=4))
     for request, rec in zip(REQUESTS, recs, strict=True):
         ref = _mean_exhaustive(members, request)
         assert rec.items and set(rec.items) <= set(ref)
@@ -67,17 +68,17 @@ def test_narrow_beams_score_every_proposal_exactly(members: list[Engine]) -> Non
 
 def test_batched_equals_alone(members: list[Engine]) -> None:
     ensemble, params = Ensemble(members), BeamParams(beam_width=6, n=5)
-    together = ensemble.recommend(REQUESTS, params)
+    together = ensemble.recommend_rows(REQUESTS, params)
     for request, rec in zip(REQUESTS, together, strict=True):
-        alone = ensemble.recommend([request], params)[0]
+        alone = ensemble.recommend_rows([request], params)[0]
         assert alone.items == rec.items
         assert torch.allclose(torch.tensor(alone.scores), torch.tensor(rec.scores), atol=1e-5)
 
 
 def test_one_member_is_that_engine(members: list[Engine]) -> None:
     params = BeamParams(beam_width=8, n=5)
-    got = Ensemble(members[:1]).recommend(REQUESTS, params)
-    own = members[0].recommend(REQUESTS, params)
+    got = Ensemble(members[:1]).recommend_rows(REQUESTS, params)
+    own = members[0].recommend_rows(REQUESTS, params)
     for a, b in zip(got, own, strict=True):
         assert a.items == b.items
         assert torch.allclose(torch.tensor(a.scores), torch.tensor(b.scores), atol=1e-4)
@@ -97,6 +98,6 @@ def test_members_must_share_the_catalog(members: list[Engine]) -> None:
 
 def test_bad_requests_are_named(members: list[Engine]) -> None:
     with pytest.raises(ValueError, match="history"):
-        Ensemble(members).recommend([RecommendRequest(history=[999])])
+        Ensemble(members).recommend_rows([RowRequest(history=[999])])
     with pytest.raises(ValueError, match="n"):
-        Ensemble(members).recommend(REQUESTS, BeamParams(beam_width=2, n=5))
+        Ensemble(members).recommend_rows(REQUESTS, BeamParams(beam_width=2, n=5))

@@ -19,8 +19,9 @@ from extend_vocab_support import (
     write_checkpoint,
 )
 
-from genrec import BeamParams, Engine, EngineConfig, RecommendRequest
+from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.embeddings import bundled_model_path
+from genrec.engine import RowRequest
 from genrec.generative.vocab import NUM_SPECIAL, SidVocab
 from genrec.model import ModelConfig, build_model
 from genrec.model.checkpoint import load_model, save_model
@@ -166,9 +167,9 @@ def test_beam_search_normalises_over_the_level_codes(extended: tuple) -> None:
     text = encode_text(load_text_tokenizer(bundled_model_path()), "a telescope for my son")
     history = [3, 17, 8]
     with torch.inference_mode():
-        [rec] = engine.recommend([RecommendRequest(history, text=text)],
+        [rec] = engine.recommend_rows([RowRequest(history, text=text)],
                                  BeamParams(beam_width=64, n=10))
-        [default] = engine.recommend([RecommendRequest(history)], BeamParams(beam_width=64, n=5))
+        [default] = engine.recommend_rows([RowRequest(history)], BeamParams(beam_width=64, n=5))
         prompt = vocab.prompt(history, text=text)
         ref = reference_scores(model, vocab, prompt, list(range(N_ITEMS)))
         ref_default = reference_scores(model, vocab, vocab.prompt(history), list(range(N_ITEMS)))
@@ -199,7 +200,7 @@ def test_beam_steps_never_compute_the_text_rows(extended: tuple, monkeypatch: py
     for name in ("log_normalizer", "logits", "range_logprobs"):
         monkeypatch.setattr(model, name, refuse)
     with torch.inference_mode():
-        [rec] = engine.recommend([RecommendRequest([1, 2])], BeamParams(beam_width=8, n=4))
+        [rec] = engine.recommend_rows([RowRequest([1, 2])], BeamParams(beam_width=8, n=4))
     assert len(rec.items) == 4
     assert [size for _, size in seen] == SIZES  # one level's codes per step, nothing else
     assert all(offset >= vocab.base for offset, _ in seen)
@@ -212,6 +213,6 @@ def test_recommend_rejects_text_on_a_sid_only_model() -> None:
                       head_dim=8, max_position_embeddings=64)
     engine = Engine(build_model(cfg), vocab=vocab)
     with pytest.raises(ValueError, match=r"requests\[0\]\.text: this model has no text"):
-        engine.recommend([RecommendRequest([1], text=[5])])
+        engine.recommend_rows([RowRequest([1], text=[5])])
     with pytest.raises(ValueError, match="text_ids: 9 is not a text token id"):
         SidVocab.extending(make_index(), 8, text_ids=[9])

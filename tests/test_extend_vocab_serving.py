@@ -8,8 +8,9 @@ from pathlib import Path
 import torch
 from extend_vocab_support import N_ITEMS, SIZES, TEXT, extended_model, write_checkpoint
 
-from genrec import BeamParams, Engine, EngineConfig, RecommendRequest
+from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.embeddings import bundled_model_path
+from genrec.engine import RowRequest
 from genrec.generative.vocab import SidVocab
 from genrec.training.extend_vocab import encode_text, load_text_tokenizer
 
@@ -26,9 +27,9 @@ def test_completions_accept_mixed_text_and_sid_prompts(tmp_path: Path) -> None:
     history, query = [5, 11], "Looking for a microscope."
     sids = "".join(item_text(engine.catalog, i).replace(" ", "") for i in history)
     with torch.inference_mode():
-        [want] = engine.recommend([RecommendRequest(history, text=encode_text(tok, query))],
+        [want] = engine.recommend_rows([RowRequest(history, text=encode_text(tok, query))],
                                   BeamParams(beam_width=8, n=3))
-        [plain] = engine.recommend([RecommendRequest(history)], BeamParams(beam_width=8, n=3))
+        [plain] = engine.recommend_rows([RowRequest(history)], BeamParams(beam_width=8, n=3))
     with TestClient(create_app(engine, tokenizer=tok)) as http:
         body = {"prompt": f"{query} {sids}", "use_beam_search": True, "n": 3, "best_of": 8}
         r = http.post("/v1/completions", json=body)

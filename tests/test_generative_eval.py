@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from genrec.catalog.semantic_ids import with_dedup_level
-from genrec.engine import BeamParams, Engine, EngineConfig, RecommendRequest
+from genrec.engine import BeamParams, Engine, EngineConfig, RowRequest
 from genrec.evaluation.generative import (
     evaluate_generative,
     evaluate_popularity,
@@ -70,7 +70,7 @@ def test_metrics_match_a_manual_computation_and_ignore_batching() -> None:
     examples = split_examples(sequences(), "test", 5)
     metrics = evaluate_generative(engine, examples, beam_width=12, batch_size=5)
     assert set(metrics) == KEYS and metrics["n_users"] == len(examples)
-    recs = engine.recommend([RecommendRequest(e.history) for e in examples],
+    recs = engine.recommend_rows([RowRequest(e.history) for e in examples],
                             BeamParams(beam_width=12, n=10))
     top = torch.tensor([r.items + [-1] * (10 - len(r.items)) for r in recs])
     manual = ranking_metrics(target_ranks(top, torch.tensor([e.target for e in examples])))
@@ -82,7 +82,7 @@ def test_metrics_match_a_manual_computation_and_ignore_batching() -> None:
 def test_a_target_the_engine_ranks_first_scores_one() -> None:
     engine = make_engine()
     history = [3, 4, 5]
-    best = engine.recommend([RecommendRequest(history)], BeamParams(20, 10))[0].items[0]
+    best = engine.recommend_rows([RowRequest(history)], BeamParams(20, 10))[0].items[0]
     from genrec.data.split import Example
 
     metrics = evaluate_generative(engine, [Example(0, history, best)])
@@ -94,8 +94,8 @@ def test_soft_token_changes_predictions() -> None:
     examples = split_examples(sequences(), "test", 5)[:4]
     g = torch.Generator().manual_seed(1)
     a, b = torch.randn(12, 4, generator=g), torch.randn(12, 4, generator=g)
-    req = [RecommendRequest(examples[0].history, user_vector=v[0]) for v in (a, b)]
-    first, second = engine.recommend(req, BeamParams(20, 10))
+    req = [RowRequest(examples[0].history, user_vector=v[0]) for v in (a, b)]
+    first, second = engine.recommend_rows(req, BeamParams(20, 10))
     assert first.scores != second.scores
     assert evaluate_generative(engine, examples, a)["n_users"] == 4
 
@@ -116,9 +116,9 @@ def test_excluded_items_are_never_recommended() -> None:
     examples = split_examples(seqs, "test", 5)
     masks = full_histories(seqs, examples, "test")
     assert masks[0] == seqs[examples[0].user][:-1]
-    free = engine.recommend([RecommendRequest(e.history) for e in examples], BeamParams(12, 10))
+    free = engine.recommend_rows([RowRequest(e.history) for e in examples], BeamParams(12, 10))
     masked = evaluate_generative(engine, examples, beam_width=12, exclude=masks)
-    recs = engine.recommend([RecommendRequest(e.history, exclude=m)
+    recs = engine.recommend_rows([RowRequest(e.history, exclude=m)
                              for e, m in zip(examples, masks, strict=True)], BeamParams(12, 10))
     assert all(not set(r.items) & set(m) for r, m in zip(recs, masks, strict=True))
     assert any(set(r.items) & set(m) for r, m in zip(free, masks, strict=True))

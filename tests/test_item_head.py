@@ -8,10 +8,11 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from search_reference import exhaustive_top
 
-from genrec import BeamParams, Engine, EngineConfig, RecommendRequest
+from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.semantic_ids import SemanticIndex
-from genrec.engine.retrieval import exhaustive_top
+from genrec.engine import RowRequest
 from genrec.generative.vocab import SOFT_ID, SidVocab
 from genrec.model import load_model, save_model
 from genrec.model.item_head import ItemHead, combine, pick
@@ -119,10 +120,10 @@ def _head_logp(engine: Engine, history: list[int]) -> torch.Tensor:
 @pytest.mark.parametrize("weight", [0.0, 1.0, 3.0])
 def test_proposals_ranked_by_sid_plus_weighted_head(weight: float) -> None:
     engine = _engine()
-    requests = [RecommendRequest(history=[3, 17, 8]),
-                RecommendRequest(history=[5, 6, 7], exclude=[0, 1, 2]),
-                RecommendRequest(history=[20], allow=[4, 9, 30, 31, 33])]
-    recs = engine.recommend(requests, BeamParams(beam_width=N_ITEMS, n=5, item_weight=weight))
+    requests = [RowRequest(history=[3, 17, 8]),
+                RowRequest(history=[5, 6, 7], exclude=[0, 1, 2]),
+                RowRequest(history=[20], allow=[4, 9, 30, 31, 33])]
+    recs = engine.recommend_rows(requests, BeamParams(beam_width=N_ITEMS, n=5, item_weight=weight))
     for request, rec in zip(requests, recs, strict=True):
         items, sid = exhaustive_top(engine, request, N_ITEMS)  # every allowed item
         head = _head_logp(engine, list(request.history))[items]
@@ -136,22 +137,22 @@ def test_proposals_ranked_by_sid_plus_weighted_head(weight: float) -> None:
             assert set(rec.items) <= set(request.allow)
 
 
-REQUESTS = [RecommendRequest(history=[3, 17, 8]),
-            RecommendRequest(history=[5, 6, 7], exclude=[0, 1, 2]),
-            RecommendRequest(history=[20], allow=[4, 9, 30, 31, 33])]
+REQUESTS = [RowRequest(history=[3, 17, 8]),
+            RowRequest(history=[5, 6, 7], exclude=[0, 1, 2]),
+            RowRequest(history=[20], allow=[4, 9, 30, 31, 33])]
 
 
 def test_head_proposals_reach_beyond_a_narrow_beam() -> None:
     """A narrow beam with the head proposing every item it may: the exact top over the whole
     (filtered) catalog; without head proposals, only the beam's items."""
     engine = _engine(2)
-    wide = engine.recommend(REQUESTS, BeamParams(beam_width=N_ITEMS, n=5, item_weight=1.0,
+    wide = engine.recommend_rows(REQUESTS, BeamParams(beam_width=N_ITEMS, n=5, item_weight=1.0,
                                                  head_proposals=0))
-    pooled = engine.recommend(REQUESTS, BeamParams(beam_width=5, n=5, item_weight=1.0,
+    pooled = engine.recommend_rows(REQUESTS, BeamParams(beam_width=5, n=5, item_weight=1.0,
                                                    head_proposals=N_ITEMS))
-    beam_only = engine.recommend(REQUESTS, BeamParams(beam_width=5, n=5, item_weight=1.0,
+    beam_only = engine.recommend_rows(REQUESTS, BeamParams(beam_width=5, n=5, item_weight=1.0,
                                                       head_proposals=0))
-    plain = engine.recommend(REQUESTS, BeamParams(beam_width=5, n=5, item_weight=0.0))
+    plain = engine.recommend_rows(REQUESTS, BeamParams(beam_width=5, n=5, item_weight=0.0))
     for w, p, b, s, request in zip(wide, pooled, beam_only, plain, REQUESTS, strict=True):
         assert p.items == w.items
         assert p.scores == pytest.approx(w.scores, rel=1e-6, abs=1e-4)
@@ -163,11 +164,11 @@ def test_head_proposals_reach_beyond_a_narrow_beam() -> None:
 
 def test_batched_equals_alone() -> None:
     engine = _engine(1)
-    requests = [RecommendRequest(history=[3, 17, 8]), RecommendRequest(history=[9] * 6)]
+    requests = [RowRequest(history=[3, 17, 8]), RowRequest(history=[9] * 6)]
     params = BeamParams(beam_width=8, n=5)
-    together = engine.recommend(requests, params)
+    together = engine.recommend_rows(requests, params)
     for request, rec in zip(requests, together, strict=True):
-        [alone] = engine.recommend([request], params)
+        [alone] = engine.recommend_rows([request], params)
         assert alone.items == rec.items
         assert alone.scores == pytest.approx(rec.scores, abs=1e-5)
 
@@ -199,7 +200,7 @@ def test_items_without_a_head_row_are_still_recommended() -> None:
     model.load_state_dict(state)
     small = Engine(model, config=EngineConfig(soft_token_id=SOFT_ID), vocab=engine.vocab)
     allow = [3, 36, 37, 38]
-    [rec] = small.recommend([RecommendRequest(history=[1, 2], allow=allow)],
+    [rec] = small.recommend_rows([RowRequest(history=[1, 2], allow=allow)],
                             BeamParams(beam_width=N_ITEMS, n=4))
     assert sorted(rec.items) == allow and all(s > float("-inf") for s in rec.scores)
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 from serving_support import EngineRanker, tiny_engine
 
-from genrec import BeamParams, Engine, RecommendRequest
+from genrec import BeamParams, Engine
 from genrec.duolm.ranker import RankRequest
-from genrec.engine import Recommendation
+from genrec.engine import RowRecommendation, RowRequest
 from genrec.jobs import BatchParams, recommend_users, write_recommendations
 
 HISTORIES = [[3, 17, 8], [1], [5, 6, 7, 8, 9, 10, 11, 12], [20, 20, 21], [0, 39]]
@@ -26,9 +26,9 @@ def engine() -> Engine:
 
 
 def one_by_one(engine: Engine, history: list[int], params: BeamParams,
-               exclude: bool) -> Recommendation:
-    request = RecommendRequest(history, exclude=sorted(set(history)) if exclude else None)
-    return engine.recommend([request], params)[0]
+               exclude: bool) -> RowRecommendation:
+    request = RowRequest(history, exclude=sorted(set(history)) if exclude else None)
+    return engine.recommend_rows([request], params)[0]
 
 
 @pytest.mark.parametrize("include_history", [False, True])
@@ -84,7 +84,7 @@ def test_written_in_the_tables_ids_atomically(engine: Engine, tmp_path: Path) ->
     assert lines[0]["items"] == [ids[i] for i in found[0].items]
     assert lines[0]["scores"] == found[0].scores
 
-    def failing() -> Iterator[Recommendation]:
+    def failing() -> Iterator[RowRecommendation]:
         yield found[0]
         raise RuntimeError("engine failed")
 

@@ -9,8 +9,9 @@ import torch
 
 import genrec.kernels as kernels
 import genrec.model.decoder as decoder
-from genrec import BeamParams, Engine, EngineConfig, RecommendRequest
+from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.semantic_ids import SemanticIndex
+from genrec.engine import RowRequest
 from genrec.engine.beam import prompt_forward
 from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.model import ModelConfig, build_model
@@ -89,9 +90,9 @@ def _engine(variant: str, **config: object) -> Engine:
                   vocab=SidVocab(index, max_history=12))
 
 
-REQUESTS = [RecommendRequest([3, 17, 8]), RecommendRequest([1]),
-            RecommendRequest(list(range(5, 17)), exclude=[0, 1, 2, 40]),
-            RecommendRequest([20, 21], allow=[4, 9, 30, 31, 55])]
+REQUESTS = [RowRequest([3, 17, 8]), RowRequest([1]),
+            RowRequest(list(range(5, 17)), exclude=[0, 1, 2, 40]),
+            RowRequest([20, 21], allow=[4, 9, 30, 31, 55])]
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -109,10 +110,10 @@ def test_beam_search_equals_the_pytorch_layers(variant: str, width: int, form: s
         return out
 
     monkeypatch.setattr(decoder, "native_forward", counted)
-    native = _engine(variant).recommend(REQUESTS, BeamParams(width, width))
+    native = _engine(variant).recommend_rows(REQUESTS, BeamParams(width, width))
     assert "BeamStepLayout" in calls and "AttentionLayout" in calls and "none" not in calls
     _python_layers(monkeypatch)
-    ref = _engine(variant).recommend(REQUESTS, BeamParams(width, width))
+    ref = _engine(variant).recommend_rows(REQUESTS, BeamParams(width, width))
     for a, b in zip(native, ref, strict=True):
         assert a.items == b.items
         assert max(abs(x - y) for x, y in zip(a.scores, b.scores, strict=True)) < 1e-4
@@ -122,8 +123,8 @@ def test_padding_requests_in_buckets_change_nothing() -> None:
     # bucketed searches pad with requests of no prefix: the native beam attention skips
     # their prefix part
     _needs_op()
-    alone = _engine("qwen3").recommend(REQUESTS[:3], BeamParams(8, 8))
-    padded = _engine("qwen3", search_request_buckets=(8,)).recommend(REQUESTS[:3],
+    alone = _engine("qwen3").recommend_rows(REQUESTS[:3], BeamParams(8, 8))
+    padded = _engine("qwen3", search_request_buckets=(8,)).recommend_rows(REQUESTS[:3],
                                                                      BeamParams(8, 8))
     for a, b in zip(alone, padded, strict=True):
         assert a.items == b.items and a.scores == b.scores

@@ -14,7 +14,7 @@ import torch
 
 from genrec import Engine, EngineConfig, ScoreParams
 from genrec.catalog.semantic_ids import SemanticIndex
-from genrec.engine.params import BeamParams, RecommendRequest, ScoreRequest
+from genrec.engine.params import BeamParams, RowRequest, ScoreRequest
 from genrec.generative.vocab import SOFT_ID, SidVocab
 from genrec.kernels import cascade_attention_op
 from genrec.model import load_model
@@ -101,7 +101,7 @@ def test_scores_equal_float64(checkpoint, attention_path: str, mode: str,
     assert relative_error(torch.cat(got), torch.cat(want)) < TOLERANCE
 
 
-def _check_beam_scores(model, ref, seed: int, requests: list[RecommendRequest]) -> None:  # noqa: ANN001
+def _check_beam_scores(model, ref, seed: int, requests: list[RowRequest]) -> None:  # noqa: ANN001
     """A beam search of width 16 over 60 random items: every returned score within
     :data:`TOLERANCE` of the float64 reference's log-probability of the item's IDs."""
     g = torch.Generator().manual_seed(seed)
@@ -109,7 +109,7 @@ def _check_beam_scores(model, ref, seed: int, requests: list[RecommendRequest]) 
     index = SemanticIndex(codes[torch.randperm(codes.shape[0], generator=g)[:60]], SIZES)
     vocab = SidVocab(index, max_history=8)
     engine = Engine(model, config=EngineConfig(soft_token_id=SOFT_ID), vocab=vocab)
-    recs = engine.recommend(requests, BeamParams(beam_width=16, n=8))
+    recs = engine.recommend_rows(requests, BeamParams(beam_width=16, n=8))
     got, want = [], []
     for request, rec in zip(requests, recs, strict=True):
         prompt = vocab.prompt(request.history)
@@ -126,7 +126,7 @@ def _check_beam_scores(model, ref, seed: int, requests: list[RecommendRequest]) 
 def test_beam_scores_equal_float64(checkpoint, attention_path: str) -> None:
     path, ref = checkpoint
     _check_beam_scores(load_model(path), ref, 3,
-                       [RecommendRequest(history=[3, 17, 8, 40]), RecommendRequest(history=[59])])
+                       [RowRequest(history=[3, 17, 8, 40]), RowRequest(history=[59])])
 
 
 # --- checkpoints stored in bf16, as published ones are, scored in fp32 --------------------------
@@ -204,5 +204,5 @@ def test_bf16_stored_checkpoint_scores_in_fp32(bf16_checkpoint, cpu_kind: str,
 def test_bf16_stored_checkpoint_beam_scores_in_fp32(bf16_checkpoint, cpu_kind: str) -> None:
     path, ref = bf16_checkpoint
     _check_beam_scores(load_model(path, dtype=torch.float32), ref, 5,
-                       [RecommendRequest(history=[3, 17, 8, 40]),
-                        RecommendRequest(history=[59, 2])])
+                       [RowRequest(history=[3, 17, 8, 40]),
+                        RowRequest(history=[59, 2])])

@@ -12,7 +12,7 @@ import pytest
 import torch
 from serving_support import EngineRanker, offline, post, tiny_engine, wait_until
 
-from genrec.engine import RecommendRequest
+from genrec.engine import RowRequest
 from genrec.serving import BackgroundServer, ServeConfig, create_app
 from genrec.serving import admission as admission_mod
 from genrec.serving.admission import Admission
@@ -23,7 +23,7 @@ BODY = {"history": [3, 17, 8], "n": 4, "beam_width": 16}
 
 def _cost(width: int = 16) -> int:
     engine = tiny_engine()
-    return Admission(engine).cost(RecommendBatch(width, 4), RecommendRequest([3, 17, 8]))
+    return Admission(engine).cost(RecommendBatch(width, 4), RowRequest([3, 17, 8]))
 
 
 def _metric(url: str, line_start: str) -> float:
@@ -35,9 +35,9 @@ def _metric(url: str, line_start: str) -> float:
 def test_cost_grows_with_width_filters_and_scoring_tokens() -> None:
     engine = tiny_engine()
     adm = Admission(engine)
-    small = adm.cost(RecommendBatch(16, 4), RecommendRequest([3, 17, 8]))
-    assert 0 < small < adm.cost(RecommendBatch(256, 4), RecommendRequest([3, 17, 8]))
-    assert small < adm.cost(RecommendBatch(16, 4), RecommendRequest([3], exclude=list(range(40))))
+    small = adm.cost(RecommendBatch(16, 4), RowRequest([3, 17, 8]))
+    assert 0 < small < adm.cost(RecommendBatch(256, 4), RowRequest([3, 17, 8]))
+    assert small < adm.cost(RecommendBatch(16, 4), RowRequest([3], exclude=list(range(40))))
     from genrec.engine import ScoreRequest
 
     few = adm.cost(ScoreBatch((3,), False), [ScoreRequest([1, 2], [[4], [5]])])

@@ -18,19 +18,20 @@ import torch
 from logged_catalog_support import assert_same, free_sids, ranker_pair, reopened, stream
 from serving_support import N_ITEMS, post, tiny_engine, wait_until
 
-from genrec import BeamParams, Engine, RecommendRequest
+from genrec import BeamParams, Engine
+from genrec.engine import RowRequest
 from genrec.engine.catalog_state import CatalogState
 from genrec.serving.catalog import ServiceCatalog
 from genrec.serving.catalog_log import FoldPolicy, read_state
 from genrec.serving.catalog_log_format import CatalogLogError, LogRecord
 from genrec.serving.compaction import COMPACT_MAX_ITEMS, COMPACT_MIN_ITEMS, compaction_threshold
 
-REQUESTS = [RecommendRequest([3, 17, 8]), RecommendRequest([5, 6], exclude=[0, 1, 2]),
-            RecommendRequest([20], allow=[4, 9, 30, 31, N_ITEMS, N_ITEMS + 2])]
+REQUESTS = [RowRequest([3, 17, 8]), RowRequest([5, 6], exclude=[0, 1, 2]),
+            RowRequest([20], allow=[4, 9, 30, 31, N_ITEMS, N_ITEMS + 2])]
 
 
 def answers(engine: Engine, catalog: CatalogState | None = None) -> list[tuple]:
-    recs = engine.recommend(REQUESTS, BeamParams(12, 12), catalog=catalog)
+    recs = engine.recommend_rows(REQUESTS, BeamParams(12, 12), catalog=catalog)
     return [(r.items, [round(s, 4) for s in r.scores]) for r in recs]
 
 
@@ -194,7 +195,7 @@ def test_endpoints_over_a_catalog_with_a_delta() -> None:
             r = post(url, "/v1/completions", {"prompt": prompt, "use_beam_search": True, "n": 4,
                                               "best_of": 8})
             assert r.status_code == 200, r.text
-            want = engine.recommend([RecommendRequest(history)], BeamParams(8, 4))[0]
+            want = engine.recommend_rows([RowRequest(history)], BeamParams(8, 4))[0]
             choices = r.json()["choices"]
             assert [c["item_id"] for c in choices] == [str(i) for i in want.items]
             assert 17 not in want.items
@@ -208,7 +209,7 @@ def test_endpoints_over_a_catalog_with_a_delta() -> None:
                       "beam_width": 6},
                      {"history": [9], "exclude": [N_ITEMS, 0, 1], "n": 5, "beam_width": 10}):
             r = post(url, "/v1/recommend", body).json()
-            rec = engine.recommend([RecommendRequest(body["history"], None, body.get("exclude"),
+            rec = engine.recommend_rows([RowRequest(body["history"], None, body.get("exclude"),
                                                      body.get("allow"))],
                                    BeamParams(body["beam_width"], body["n"]))[0]
             assert r["items"] == [str(i) for i in rec.items] and "17" not in r["items"]
@@ -257,7 +258,7 @@ def test_the_engine_process_compacts_its_own_catalog(checkpoint: Path) -> None:
         body = {"history": [3, N_ITEMS], "allow": [N_ITEMS + 1, 5, 6], "n": 3, "beam_width": 6}
         got = post(url, "/v1/recommend", body).json()
         state = reference.catalog.updated(upserts[:1]).updated(upserts[1:])
-        want = reference.recommend([RecommendRequest(body["history"], allow=body["allow"])],
+        want = reference.recommend_rows([RowRequest(body["history"], allow=body["allow"])],
                                    BeamParams(6, 3), catalog=state)[0]
         assert got["items"] == [str(i) for i in want.items] and got["catalog_version"] == 2
         assert httpx.get(url + "/ready").json()["catalog_version"] == 2

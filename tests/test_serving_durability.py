@@ -26,7 +26,8 @@ import torch
 from serving_durable_server import SIZES, durable_engine, item_name
 from serving_support import is_ready
 
-from genrec import BeamParams, Engine, RecommendRequest
+from genrec import BeamParams, Engine
+from genrec.engine import RowRequest
 from genrec.serving.catalog import ServiceCatalog
 from genrec.serving.server import free_port
 
@@ -134,7 +135,7 @@ def check_served(url: str, engine: Engine, expected: Expected) -> None:
         named = {k: [item_name(i) for i in v] if k in ("history", "allow") else v
                  for k, v in body.items()}
         got = httpx.post(url + "/v1/recommend", json=named, timeout=30).json()
-        want = engine.recommend([RecommendRequest(body["history"], allow=body.get("allow"))],
+        want = engine.recommend_rows([RowRequest(body["history"], allow=body.get("allow"))],
                                 BeamParams(body["beam_width"], body["n"]))[0]
         assert got["items"] == [item_name(i) for i in want.items]
         assert not {item_name(i) for i in expected.retired} & set(got["items"])

@@ -17,11 +17,13 @@ pytest.importorskip("httpx")
 import httpx
 from serving_support import N_ITEMS, RECOMMEND, SIZES, offline, post, wait_until
 
-from genrec import Engine, RecommendRequest
+from genrec import Engine
+from genrec.engine import RowRequest
 from genrec.serving import BackgroundServer, ServeConfig, Worker
 from genrec.serving.engine_process import EngineProcess
-from genrec.serving.launch import AppSpec, load_app
+from genrec.serving.launch import load_app
 from genrec.serving.messages import RecommendBatch
+from genrec.serving.spec import AppSpec
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +56,7 @@ def test_answers_equal_the_offline_engine(served, reference: Engine) -> None:
 def test_errors_of_the_child_come_back_naming_the_field(served) -> None:
     url, child = served
     with pytest.raises(ValueError, match=r"requests\[0\]\.history"):
-        child.call(RecommendBatch(4, 2), [RecommendRequest(history=[N_ITEMS + 5])])
+        child.call(RecommendBatch(4, 2), [RowRequest(history=[N_ITEMS + 5])])
     r = post(url, "/v1/recommend", {"history": [N_ITEMS + 5]})
     assert r.status_code == 422 and r.json()["detail"].startswith("history")
 

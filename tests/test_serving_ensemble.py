@@ -12,7 +12,8 @@ import torch
 from logged_catalog_support import free_sids
 from serving_support import N_ITEMS, post, tiny_engine
 
-from genrec import BeamParams, Engine, RecommendRequest
+from genrec import BeamParams, Engine
+from genrec.engine import RowRequest
 from genrec.engine.ensemble import Ensemble
 from genrec.model import save_model
 
@@ -29,9 +30,9 @@ def _checkpoint(path: Path, seed: int, user_dim: int = 0) -> Path:
 
 
 def _offline(ensemble: Ensemble, body: dict, catalog) -> tuple[list[int], list[float]]:
-    request = RecommendRequest(body["history"], exclude=body.get("exclude"),
+    request = RowRequest(body["history"], exclude=body.get("exclude"),
                                allow=body.get("allow"))
-    rec = ensemble.recommend([request], BeamParams(body["beam_width"], body["n"]),
+    rec = ensemble.recommend_rows([request], BeamParams(body["beam_width"], body["n"]),
                              catalog=catalog)[0]
     return [str(i) for i in rec.items], rec.scores  # the test catalog names rows by number
 
@@ -42,7 +43,8 @@ def test_recommend_is_the_offline_ensemble_across_catalog_updates(
     import httpx
 
     from genrec.serving import BackgroundServer, ServeConfig
-    from genrec.serving.launch import AppSpec, load_app
+    from genrec.serving.launch import load_app
+    from genrec.serving.spec import AppSpec
 
     paths = [_checkpoint(tmp_path / f"m{seed}", seed) for seed in (1, 2, 3)]
     spec = AppSpec.of(paths[0], ensemble=tuple(paths[1:]), threads=1, config=ServeConfig(
@@ -66,15 +68,16 @@ def test_recommend_is_the_offline_ensemble_across_catalog_updates(
             assert torch.allclose(torch.tensor(got["scores"]), torch.tensor(scores), atol=1e-4)
             assert got["catalog_version"] == 2
         # not the first member's own answer (the ensemble's pool is ranked by the mean)
-        own = ensemble.engines[0].recommend(
-            [RecommendRequest(b["history"], exclude=b.get("exclude"), allow=b.get("allow"))
+        own = ensemble.engines[0].recommend_rows(
+            [RowRequest(b["history"], exclude=b.get("exclude"), allow=b.get("allow"))
              for b in BODIES], BeamParams(6, 3), catalog=state)
         assert any(post(url, "/v1/recommend", {**b, "n": 3, "beam_width": 6}).json()["scores"]
                    != pytest.approx(o.scores, abs=1e-4) for b, o in zip(BODIES, own, strict=True))
 
 
 def test_members_that_cannot_be_ensembled_are_refused(tmp_path: Path) -> None:
-    from genrec.serving.launch import AppSpec, load_app
+    from genrec.serving.launch import load_app
+    from genrec.serving.spec import AppSpec
 
     plain = _checkpoint(tmp_path / "plain", 1)
     soft = _checkpoint(tmp_path / "soft", 2, user_dim=5)
@@ -97,7 +100,7 @@ def test_preparing_a_batch_waits_for_every_members_graph_capture() -> None:
     done = threading.Event()
 
     def prepare() -> None:
-        worker.prepare(RecommendBatch(6, 3), [RecommendRequest([3, 17])])
+        worker.prepare(RecommendBatch(6, 3), [RowRequest([3, 17])])
         done.set()
 
     lock = members[1].searches.capture_lock

@@ -21,10 +21,11 @@ pytest.importorskip("httpx")
 import httpx
 from serving_support import N_ITEMS, RECOMMEND, offline, tiny_engine
 
-from genrec import BeamParams, Engine, EngineConfig, RecommendRequest
+from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.item_table import ItemTable
 from genrec.duolm.prompts import SOFT_ID, STUDENT_VOCAB_SIZE, YES_ID
 from genrec.duolm.ranker import DuoRanker, RankRequest, rank_requests
+from genrec.engine import RowRequest
 from genrec.engine.catalog_state import CatalogState
 from genrec.model.registry import build_model
 from genrec.serving import BackgroundServer, ServeConfig, create_app
@@ -111,10 +112,10 @@ class Expected:
                                        [req], YES_ID, table.num_items, table, feedback=True)[0]
                 self.cache[key] = None, scores.tolist()
             else:
-                req = RecommendRequest(body["history"], body.get("user_vector"),
+                req = RowRequest(body["history"], body.get("user_vector"),
                                        body.get("exclude"), body.get("allow"))
                 params = BeamParams(body.get("beam_width", 20), body.get("n", 10))
-                rec = self.served.engine.recommend([req], params, catalog=catalog)[0]
+                rec = self.served.engine.recommend_rows([req], params, catalog=catalog)[0]
                 self.cache[key] = rec.items, rec.scores
         return self.cache[key]
 

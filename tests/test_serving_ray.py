@@ -144,8 +144,8 @@ def test_catalog_updates_are_refused_only_without_a_shared_state_directory() -> 
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from genrec.serving.launch import AppSpec, ServeConfig
     from genrec.serving.ray_app import ReplicaMiddleware, refuses_catalog
+    from genrec.serving.spec import AppSpec, ServeConfig
 
     shared = AppSpec("model", config=ServeConfig(catalog_state="state"))
     assert not refuses_catalog(shared, 2) and not refuses_catalog(AppSpec("model"), 1)

@@ -9,7 +9,8 @@ import time
 import pytest
 import torch
 
-from genrec import BeamParams, Engine, RecommendRequest, ScoreParams, ScoreRequest
+from genrec import BeamParams, Engine, ScoreParams, ScoreRequest
+from genrec.engine import RowRequest
 from genrec.serving.messages import RecommendBatch, ScoreBatch
 from genrec.serving.scheduler import (
     BatchScheduler,
@@ -177,17 +178,17 @@ def engine() -> Engine:
 
 def test_batched_results_equal_the_engine_called_directly(engine: Engine) -> None:
     sched = BatchScheduler(Worker(engine).run, max_batch_size=16, max_wait_ms=100)
-    recs = [RecommendRequest([3, 17, 8]), RecommendRequest([1], user_vector=[0.5] * 5),
-            RecommendRequest([5, 6, 7], exclude=[0, 1, 2]), RecommendRequest([20], allow=[4, 9])]
+    recs = [RowRequest([3, 17, 8]), RowRequest([1], user_vector=[0.5] * 5),
+            RowRequest([5, 6, 7], exclude=[0, 1, 2]), RowRequest([20], allow=[4, 9])]
     scores = [[ScoreRequest([0, 3, 4], [[5, 6], [7]])], [ScoreRequest([0, 9], [[10], [11, 12]])]]
-    bad = RecommendRequest([999])  # unknown item: fails alone
+    bad = RowRequest([999])  # unknown item: fails alone
     message = RecommendBatch(8, 5)
     jobs = [(message, r) for r in recs] + [(message, bad)]
     jobs += [(ScoreBatch((3, 4), False), s) for s in scores]
     out = _run(_gather(sched, jobs))
     assert isinstance(out[len(recs)], ValueError) and "unknown item id 999" in str(out[len(recs)])
     for req, got in zip(recs, out[: len(recs)], strict=True):
-        want = engine.recommend([req], BeamParams(8, 5))[0]
+        want = engine.recommend_rows([req], BeamParams(8, 5))[0]
         assert got.value.items == want.items and got.catalog_version == 3  # the item table's
         assert torch.allclose(torch.tensor(got.value.scores), torch.tensor(want.scores),
                               atol=1e-5)
@@ -278,7 +279,7 @@ def test_overlap_finishes_a_barrier_before_preparing_the_next_batch() -> None:
 
 def test_overlap_worker_steps_equal_its_run(engine: Engine) -> None:
     worker = Worker(engine)
-    reqs = [RecommendRequest([1, 2, 3]), RecommendRequest([4], exclude=[0])]
+    reqs = [RowRequest([1, 2, 3]), RowRequest([4], exclude=[0])]
     msg = RecommendBatch(beam_width=4, n=3)
     prepared = worker.prepare(msg, reqs)
     assert prepared.version == worker.catalog_version

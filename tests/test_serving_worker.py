@@ -12,7 +12,8 @@ import pytest
 import torch
 from serving_support import N_ITEMS, EngineRanker, Updater, tiny_engine
 
-from genrec import BeamParams, Engine, RecommendRequest, ScoreParams, ScoreRequest
+from genrec import BeamParams, Engine, ScoreParams, ScoreRequest
+from genrec.engine import RowRequest
 from genrec.serving import RankRequest, Worker
 from genrec.serving.catalog import CatalogChange
 from genrec.serving.compaction import CatalogStats
@@ -59,9 +60,9 @@ def test_each_message_runs_its_method_and_results_carry_the_version(engine: Engi
                                                                      ran: list[str]) -> None:
     worker = Worker(engine, EngineRanker(engine), Updater())
     assert worker.catalog_version == 3  # the ranker's
-    recs = [RecommendRequest([3, 17, 8]), RecommendRequest([1], user_vector=[0.5] * 5)]
+    recs = [RowRequest([3, 17, 8]), RowRequest([1], user_vector=[0.5] * 5)]
     got = worker.run(RecommendBatch(8, 4), recs)
-    want = engine.recommend(recs, BeamParams(8, 4))
+    want = engine.recommend_rows(recs, BeamParams(8, 4))
     assert [r.value.items for r in got] == [w.items for w in want]
     assert all(isinstance(r, Versioned) and r.catalog_version == 3 for r in got)
 
@@ -102,11 +103,11 @@ def test_prepared_and_plain_catalog_updates(engine: Engine) -> None:
 def test_unknown_messages_and_missing_parts_are_refused(engine: Engine) -> None:
     worker = Worker(engine)
     with pytest.raises(TypeError, match="unknown message"):
-        worker.run(("recommend", 8, 4), [RecommendRequest([1])])
+        worker.run(("recommend", 8, 4), [RowRequest([1])])
     with pytest.raises(RuntimeError, match="no ranker"):
         worker.run(RankBatch(), [RankRequest([1], [2])])
     with pytest.raises(ValueError, match="unknown item id"):
-        worker.run(RecommendBatch(4, 2), [RecommendRequest([N_ITEMS + 1])])
+        worker.run(RecommendBatch(4, 2), [RowRequest([N_ITEMS + 1])])
     bare = Worker(SimpleNamespace(catalog=None, item_table=None))
     assert bare.catalog is None and bare.catalog_version == 0 and bare.catalog_stats() is None
     with pytest.raises(RuntimeError, match="no service catalog"):
@@ -131,7 +132,7 @@ def test_messages_are_hashable_frozen_and_picklable() -> None:
     assert [m.kind for m in MESSAGES] == ["recommend", "score", "rank", "catalog"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         MESSAGES[0].n = 3  # type: ignore[misc]
-    envelope = Batch(RecommendBatch(8, 4), [RecommendRequest([1, 2])])
+    envelope = Batch(RecommendBatch(8, 4), [RowRequest([1, 2])])
     reply = Reply(True, [Versioned(torch.ones(2), 4)], CatalogStats(3))
     for value in (*MESSAGES, CatalogOp("upsert", [{"item_id": 1}]), envelope):
         assert pickle.loads(pickle.dumps(value)) == value

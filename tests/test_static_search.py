@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from genrec import BeamParams, Engine, EngineConfig, RecommendRequest
+from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.semantic_ids import SemanticIndex
+from genrec.engine import RowRequest
 from genrec.engine.catalog_state import CatalogState
 from genrec.engine.static_search import MIN_CAPACITY, grown
 from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
@@ -41,19 +42,19 @@ def _free(state: CatalogState, n: int, seed: int) -> list[list[int]]:
     return [c for c in space if tuple(c) not in taken][:n]
 
 
-def _requests(n: int, excluded: int) -> list[RecommendRequest]:
+def _requests(n: int, excluded: int) -> list[RowRequest]:
     # mixed filters: none, an exclude list of ``excluded`` items, an allow list
-    return [RecommendRequest([3, 17, 8]),
-            RecommendRequest([5, 6], exclude=list(range(excluded))),
-            RecommendRequest([20], allow=[4, 9, 30, 31, n - 1])]
+    return [RowRequest([3, 17, 8]),
+            RowRequest([5, 6], exclude=list(range(excluded))),
+            RowRequest([20], allow=[4, 9, 30, 31, n - 1])]
 
 
 def _run(static: Engine, plain: Engine, state: CatalogState, excluded: int) -> None:
     static.set_catalog(state)
     plain.set_catalog(state)
     requests = _requests(state.num_items, excluded)
-    got = static.recommend(requests, PARAMS)
-    want = plain.recommend(requests, PARAMS)
+    got = static.recommend_rows(requests, PARAMS)
+    want = plain.recommend_rows(requests, PARAMS)
     assert [r.items for r in got] == [r.items for r in want]
     for a, b in zip(got, want, strict=True):
         assert torch.allclose(torch.tensor(a.scores), torch.tensor(b.scores), atol=1e-5)
@@ -106,7 +107,7 @@ def test_static_search_reads_nothing_back_to_the_host(monkeypatch) -> None:
     fresh = _free(state, 2, seed=1)
     static.set_catalog(state.updated([(state.num_items, fresh[0]), (3, fresh[1])], retire=[7]))
     requests = _requests(static.catalog.num_items, 9)
-    want = static.recommend(requests, PARAMS)  # warm: the runner made, probes, layouts
+    want = static.recommend_rows(requests, PARAMS)  # warm: the runner made, probes, layouts
     prepared = static.prepare_recommend(requests, PARAMS)
     cat, batch = prepared.catalog, prepared.batch
     args = (cat.parts(), prepared.filters, cat.level_offsets, static.embed(batch),

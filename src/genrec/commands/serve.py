@@ -18,7 +18,7 @@ import typer
 from genrec.commands.common import DeviceOpt
 
 if TYPE_CHECKING:
-    from genrec.serving.launch import AppSpec
+    from genrec.serving.spec import AppSpec
 
 
 def serve(
@@ -107,7 +107,8 @@ def serve(
                    err=True)
         raise typer.Exit(code=1)
     from genrec.serving.auth import check_bind, keys_from_env
-    from genrec.serving.launch import AppSpec, ServeConfig, load_app
+    from genrec.serving.launch import load_app
+    from genrec.serving.spec import AppSpec, ServeConfig
 
     try:
         api_key, admin_key = keys_from_env(api_key, admin_key)

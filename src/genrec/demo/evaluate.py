@@ -1,7 +1,7 @@
 """Full-catalog quality of the engine's generative retrieval and of a popularity baseline.
 
 Each held-out user's last item is the target; the rest is the history. The engine recommends
-by constrained beam search over every catalog item (``Engine.recommend``), the history
+by constrained beam search over every catalog item (``Engine.recommend_rows``), the history
 excluded; the baseline recommends the most popular items the user has not seen.
 """
 
@@ -14,25 +14,25 @@ import numpy as np
 import torch
 
 from genrec.demo.synthetic import SyntheticData
-from genrec.engine import BeamParams, Engine, Recommendation, RecommendRequest
+from genrec.engine import BeamParams, Engine, RowRecommendation, RowRequest
 from genrec.evaluation.generative import popularity_top
 from genrec.evaluation.metrics import ndcg_at_k, recall_at_k, target_ranks
 
 
-def heldout_request(data: SyntheticData, user: int) -> RecommendRequest:
+def heldout_request(data: SyntheticData, user: int) -> RowRequest:
     """The request of a held-out user: all but the last item as history, history excluded."""
     history = list(data.sequences[user][:-1])
-    return RecommendRequest(history=history, exclude=history)
+    return RowRequest(history=history, exclude=history)
 
 
 def recommend_all(
-    engine: Engine, requests: Sequence[RecommendRequest], params: BeamParams,
+    engine: Engine, requests: Sequence[RowRequest], params: BeamParams,
     batch_size: int = 100,
-) -> list[Recommendation]:
-    """``Engine.recommend`` over ``requests`` in batches of ``batch_size``."""
-    out: list[Recommendation] = []
+) -> list[RowRecommendation]:
+    """``Engine.recommend_rows`` over ``requests`` in batches of ``batch_size``."""
+    out: list[RowRecommendation] = []
     for start in range(0, len(requests), batch_size):
-        out.extend(engine.recommend(requests[start : start + batch_size], params))
+        out.extend(engine.recommend_rows(requests[start : start + batch_size], params))
     return out
 
 
@@ -60,7 +60,7 @@ def quality(top: Sequence[Sequence[int]], targets: Sequence[int], k: int) -> Qua
 def evaluate(
     engine: Engine, data: SyntheticData, users: Sequence[int], counts: np.ndarray,
     k: int = 10, beam_width: int = 20,
-) -> tuple[Quality, Quality, list[Recommendation]]:
+) -> tuple[Quality, Quality, list[RowRecommendation]]:
     """(engine quality, popularity quality, the engine's recommendation of each user)."""
     requests = [heldout_request(data, u) for u in users]
     recs = recommend_all(engine, requests, BeamParams(beam_width=beam_width, n=k))

@@ -141,8 +141,8 @@ def _run(
     user = heldout[0]
     request = heldout_request(data, user)
     params = BeamParams(beam_width=BEAM_WIDTH, n=k)
-    loaded = engine.recommend([request], params)[0]
-    trained = Engine(model, vocab=vocab).recommend([request], params)[0]
+    loaded = engine.recommend_rows([request], params)[0]
+    trained = Engine(model, vocab=vocab).recommend_rows([request], params)[0]
     reload_diff = max(abs(a - b) for a, b in zip(loaded.scores, trained.scores, strict=True))
     if loaded.items != trained.items:
         raise RuntimeError("the reloaded engine recommends other items than the trained model")

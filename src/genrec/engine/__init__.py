@@ -7,11 +7,13 @@ from genrec.engine.params import (
     EngineConfig,
     Recommendation,
     RecommendRequest,
+    RowRecommendation,
+    RowRequest,
     ScoreParams,
     ScoreRequest,
 )
 
 __all__ = [
     "BeamParams", "Embeds", "Engine", "EngineConfig", "InputError", "Recommendation",
-    "RecommendRequest", "ScoreParams", "ScoreRequest",
+    "RecommendRequest", "RowRecommendation", "RowRequest", "ScoreParams", "ScoreRequest",
 ]

@@ -11,6 +11,7 @@ import torch
 
 from genrec.catalog.item_table import ItemTable
 from genrec.engine.inputs import InputError, InputPacker, PackedInputs, Part
+from genrec.engine.params import ScoreRequest
 from genrec.model.layout import AttentionLayout, shared_layout
 
 
@@ -175,3 +176,18 @@ def pack_requests(
 
 def item_rows(table: ItemTable | None) -> int:
     return table.num_rows if table is not None else 0
+
+
+def token_groups(requests: Sequence[ScoreRequest], max_tokens: int) -> list[list[ScoreRequest]]:
+    """``requests`` in order, cut into groups of at most ``max_tokens`` tokens (prefix and
+    candidates; a request is never split, so one may be alone over it)."""
+    groups: list[list[ScoreRequest]] = [[]]
+    used = 0
+    for req in requests:
+        size = len(req.prefix) + sum(len(c) for c in req.candidates)
+        if groups[-1] and used + size > max_tokens:
+            groups.append([])
+            used = 0
+        groups[-1].append(req)
+        used += size
+    return groups

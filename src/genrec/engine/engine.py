@@ -1,32 +1,48 @@
-"""The public engine: ``Engine(model).score(...)``; more verbs arrive with later work."""
+"""The public engine: ``Engine(model).score(...)`` (multi-item scoring) and
+``.recommend(...)`` (generative retrieval), each prepared on the host, then run."""
 
 from __future__ import annotations
 
 import gc
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from genrec.catalog.id_map import IdMap
 from genrec.catalog.item_table import ItemTable
-from genrec.engine.batch import PackedBatch, RequestLimits, item_rows, pack_requests
+from genrec.engine.batch import (
+    PackedBatch,
+    RequestLimits,
+    item_rows,
+    pack_requests,
+    token_groups,
+)
 from genrec.engine.beam_runner import RunnerPool, runner_config
 from genrec.engine.catalog_state import CatalogState
 from genrec.engine.chunked import forward_chunked
 from genrec.engine.inputs import InputError, Part, build_input_embeds
+from genrec.engine.item_ranking import rank_with_head
 from genrec.engine.memory import take_budget
 from genrec.engine.params import (
     BeamParams,
     EngineConfig,
     Recommendation,
     RecommendRequest,
+    RowRecommendation,
+    RowRequest,
     ScoreParams,
     ScoreRequest,
 )
-from genrec.engine.retrieval import PreparedSearch, prepare_search, run_search
+from genrec.engine.request_ids import ServedCatalog, to_ids, to_rows
+from genrec.engine.retrieval import (
+    PreparedSearch,
+    prepare_search,
+    run_search,
+    top_items,
+)
 from genrec.engine.score_runner import ScoreRunnerPool
-from genrec.engine.scoring import read_scores
+from genrec.engine.scoring import PreparedScore, read_scores
 from genrec.generative.vocab import SidVocab
 from genrec.kernels import cascade_attention_op
 from genrec.model.checkpoint import load_model
@@ -55,7 +71,7 @@ class Engine:
             keep_freed_memory()  # activations reused across forwards, not re-faulted
             cascade_attention_op()  # built (once per machine) now, not in the first request
         self.item_table: ItemTable | None = None
-        self.catalog: CatalogState | None = None  # the generative catalog, swapped whole
+        self._served: ServedCatalog | None = None  # the generative catalog, swapped whole
         # taken once, after the weights are on the device (logged)
         self.memory = take_budget(self.model.device, self.config.memory_fraction,
                                   self.config.memory_budget_bytes)
@@ -96,12 +112,30 @@ class Engine:
         self._check_tokens(vocab.vocab_size)
         self.set_catalog(CatalogState.build(vocab, self.model.device, version=version))
 
-    def set_catalog(self, catalog: CatalogState) -> None:
+    def set_catalog(self, catalog: CatalogState, ids: IdMap | None = None) -> None:
         """Install a generative catalog state (see :meth:`CatalogState.updated`) in one swap:
         a :meth:`recommend` call reads the state once, so it uses the old catalog or the new
-        one throughout."""
+        one throughout. ``ids``: the table's ids of its rows (default: its index's
+        ``item_ids``, made on the first :meth:`recommend`; see :attr:`ids`)."""
         self._check_tokens(catalog.token_count)
-        self.catalog = catalog
+        self._served = ServedCatalog(catalog, ids)
+
+    @property
+    def catalog(self) -> CatalogState | None:
+        """The installed generative catalog state, or ``None`` (not a generative model)."""
+        served = self._served
+        return served.state if served is not None else None
+
+    @property
+    def ids(self) -> IdMap:
+        """The table's item ids of :attr:`catalog`'s rows: the ids of :meth:`recommend`."""
+        return self._generative().ids
+
+    def _generative(self) -> ServedCatalog:
+        served = self._served
+        if served is None:
+            raise ValueError("this engine has no Semantic-ID vocabulary (not a generative model)")
+        return served
 
     def _check_tokens(self, needed: int) -> None:
         if needed > self.model.config.vocab_size:
@@ -112,21 +146,33 @@ class Engine:
 
     def recommend(
         self, requests: Sequence[RecommendRequest], params: BeamParams | None = None,
-        catalog: CatalogState | None = None,
     ) -> list[Recommendation]:
-        """Top-n catalog items per request by constrained beam search (all requests batched).
+        """Top-n catalog items per request by constrained beam search (all requests batched),
+        items named by the catalog's ids (:attr:`ids`; an integer names its decimal string).
 
         Every returned item is a live (not retired) catalog item allowed by the request's
-        filters; fewer than n come back only when fewer items are allowed. ``catalog``: the
-        catalog state to search (default: the installed one, read once at the start).
+        filters; fewer than n come back only when fewer items are allowed. Unknown
+        ``history`` and ``exclude`` ids are left out and listed in the answer's ``ignored``;
+        an unknown ``allow`` id raises ``InputError`` (a ``ValueError``) naming the field.
         """
+        served = self._generative()  # the catalog and its ids, read once
+        rows, ignored = to_rows(requests, served.ids)
+        return to_ids(self.recommend_rows(rows, params, served.state), served.ids, ignored)
+
+    def recommend_rows(
+        self, requests: Sequence[RowRequest], params: BeamParams | None = None,
+        catalog: CatalogState | None = None,
+    ) -> list[RowRecommendation]:
+        """:meth:`recommend` in the catalog's rows (what a server, the batch job and
+        evaluation call once they hold rows). ``catalog``: the catalog state to search
+        (default: the installed one, read once at the start)."""
         return self.run_recommend(self.prepare_recommend(requests, params, catalog))
 
     def prepare_recommend(
-        self, requests: Sequence[RecommendRequest], params: BeamParams | None = None,
+        self, requests: Sequence[RowRequest], params: BeamParams | None = None,
         catalog: CatalogState | None = None,
     ) -> PreparedSearch:
-        """The host part of :meth:`recommend`: checks (``InputError`` naming the field),
+        """The host part of :meth:`recommend_rows`: checks (``InputError`` naming the field),
         prompts, packing, filters, against ``catalog`` (default: the installed one, read
         now). :meth:`run_recommend` runs it; a server packs the next batch meanwhile."""
         catalog = catalog if catalog is not None else self.catalog
@@ -136,11 +182,18 @@ class Engine:
         params.validate()
         if not requests:
             raise InputError("requests: empty request list")
-        return prepare_search(self, requests, params, catalog)
+        return prepare_search(requests, params, catalog, self._limits(self.item_table))
 
-    def run_recommend(self, prepared: PreparedSearch) -> list[Recommendation]:
-        """The search of a :meth:`prepare_recommend` batch (one at a time per engine)."""
-        return run_search(self, prepared)
+    def run_recommend(self, prepared: PreparedSearch) -> list[RowRecommendation]:
+        """The search of a :meth:`prepare_recommend` batch (one at a time per engine); a
+        model with an item head ranks the beam's proposals and its own with it
+        (:mod:`genrec.engine.item_ranking`)."""
+        batch, params, model = prepared.batch, prepared.params, self.model
+        items, scores = run_search(prepared, self.searches, self.embed(batch), model.device)
+        if model.item_head is not None and params.item_weight:
+            return rank_with_head(self.score_requests, model, self.embed(batch), prepared,
+                                  items, scores)
+        return top_items(items, scores, params.n)
 
     def pack(
         self, prefixes: Sequence[Part], branches: Sequence[Sequence[Part]],
@@ -249,7 +302,7 @@ class Engine:
         table = item_table or self.item_table
         batches = [self.pack([r.prefix for r in group], [r.candidates for r in group],
                              [r.user_vector for r in group], item_table=table)
-                   for group in self._groups(requests)]
+                   for group in token_groups(requests, self.config.max_batch_tokens)]
         return PreparedScore(params, table, batches)
 
     @torch.inference_mode()
@@ -269,24 +322,3 @@ class Engine:
                 scores = read_scores(model, hidden, batch, params).cpu()
             results.extend(torch.split(scores, batch.branch_counts))
         return results
-
-    def _groups(self, requests: Sequence[ScoreRequest]) -> list[list[ScoreRequest]]:
-        groups: list[list[ScoreRequest]] = [[]]
-        used = 0
-        for req in requests:
-            size = len(req.prefix) + sum(len(c) for c in req.candidates)
-            if groups[-1] and used + size > self.config.max_batch_tokens:
-                groups.append([])
-                used = 0
-            groups[-1].append(req)
-            used += size
-        return groups
-
-
-@dataclass
-class PreparedScore:
-    """Scoring requests checked and packed on the host (:meth:`Engine.prepare_score`)."""
-
-    params: ScoreParams
-    table: ItemTable | None
-    batches: list[PackedBatch]

@@ -29,14 +29,14 @@ import torch
 
 from genrec.engine.catalog_state import CatalogState
 from genrec.engine.engine import Engine
-from genrec.engine.item_ranking import item_scores
+from genrec.engine.item_ranking import head_log_probs, sid_logprobs, with_head
 from genrec.engine.params import (
     DEFAULT_ITEM_WEIGHT,
     BeamParams,
-    Recommendation,
-    RecommendRequest,
+    RowRecommendation,
+    RowRequest,
 )
-from genrec.engine.retrieval import PreparedSearch
+from genrec.engine.retrieval import PreparedSearch, prompts_of
 from genrec.generative.vocab import SidVocab
 
 
@@ -46,7 +46,7 @@ class PreparedEnsemble:
     requests, the asked parameters, the catalog state every member reads (None: each
     member's own), and the first member's prepared search (of ``beam_width`` results)."""
 
-    requests: list[RecommendRequest]
+    requests: list[RowRequest]
     params: BeamParams
     catalog: CatalogState | None
     first: PreparedSearch
@@ -55,7 +55,8 @@ class PreparedEnsemble:
 @dataclass
 class Ensemble:
     """Generative engines recommending together (see the module docstring); the same
-    ``recommend`` as :meth:`Engine.recommend`."""
+    row-level ``recommend_rows`` / ``prepare_recommend`` / ``run_recommend`` as
+    :class:`Engine` (what a server and evaluation call)."""
 
     engines: Sequence[Engine]
 
@@ -92,17 +93,17 @@ class Ensemble:
             if sorted(other.retired()) != retired:
                 raise ValueError(f"engines[{k}]: retires other items than engines[0]")
 
-    def recommend(self, requests: Sequence[RecommendRequest], params: BeamParams | None = None,
-                  catalog: CatalogState | None = None) -> list[Recommendation]:
+    def recommend_rows(self, requests: Sequence[RowRequest], params: BeamParams | None = None,
+                       catalog: CatalogState | None = None) -> list[RowRecommendation]:
         """Top-n items per request: members' beam proposals pooled, ranked by the mean of
         the members' log-probabilities (best first). ``catalog``: one catalog state searched
         by every member (default: each member's installed one, which must agree)."""
         return self.run_recommend(self.prepare_recommend(requests, params, catalog))
 
-    def prepare_recommend(self, requests: Sequence[RecommendRequest],
+    def prepare_recommend(self, requests: Sequence[RowRequest],
                           params: BeamParams | None = None,
                           catalog: CatalogState | None = None) -> PreparedEnsemble:
-        """The checks of :meth:`recommend` (``InputError`` naming the field, by the first
+        """The checks of :meth:`recommend_rows` (``InputError`` naming the field, by the first
         member, as :meth:`Engine.prepare_recommend`); :meth:`run_recommend` runs it."""
         params = params or BeamParams()
         params.validate()
@@ -111,14 +112,14 @@ class Ensemble:
         first = self.engines[0].prepare_recommend(requests, wide, catalog)
         return PreparedEnsemble(list(requests), params, catalog, first)
 
-    def run_recommend(self, prepared: PreparedEnsemble) -> list[Recommendation]:
+    def run_recommend(self, prepared: PreparedEnsemble) -> list[RowRecommendation]:
         """The searches and the scoring of a :meth:`prepare_recommend` batch."""
         requests, params, catalog = prepared.requests, prepared.params, prepared.catalog
         wide = prepared.first.params
         pools: list[dict[int, None]] = [{} for _ in requests]
         for k, engine in enumerate(self.engines):
             recs = (engine.run_recommend(prepared.first) if k == 0
-                    else engine.recommend(requests, wide, catalog))
+                    else engine.recommend_rows(requests, wide, catalog))
             for pool, rec in zip(pools, recs, strict=True):
                 pool.update(dict.fromkeys(rec.items))
         items = [list(pool) for pool in pools]
@@ -132,17 +133,25 @@ class Ensemble:
             mean = acc / len(self.engines)
             # ties: the earlier proposal first (stable sort on the negated score)
             order = torch.sort(-mean, stable=True).indices[: params.n].tolist()
-            out.append(Recommendation(items=[row[k] for k in order],
+            out.append(RowRecommendation(items=[row[k] for k in order],
                                       scores=[float(mean[k]) for k in order]))
         return out
 
     @staticmethod
-    def member_scores(engine: Engine, requests: Sequence[RecommendRequest],
+    def member_scores(engine: Engine, requests: Sequence[RowRequest],
                       items: Sequence[Sequence[int]], catalog: CatalogState | None = None,
                       item_weight: float = DEFAULT_ITEM_WEIGHT) -> list[torch.Tensor]:
         """One member's score of each request's ``items`` [len(items[r])]: its log-probability
         by multi-item scoring (one request per user, the prompt computed once), plus
         ``item_weight`` times its item head's log-probability where it has one
-        (:func:`genrec.engine.item_ranking.item_scores`)."""
+        (as :mod:`genrec.engine.item_ranking` ranks)."""
         catalog = catalog if catalog is not None else engine.catalog
-        return item_scores(engine, requests, items, catalog, item_weight)
+        sid = sid_logprobs(engine.score_requests, requests, items, catalog)
+        if engine.model.item_head is None or not item_weight or not any(items):
+            return sid
+        prompts = prompts_of(requests, catalog)
+        batch = engine.pack(prompts, [[] for _ in prompts], [q.user_vector for q in requests],
+                            require_branches=False)
+        with torch.no_grad():
+            logp = head_log_probs(engine.model, engine.embed(batch), batch).cpu()
+        return with_head(sid, logp, items, item_weight)

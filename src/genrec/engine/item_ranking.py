@@ -10,35 +10,33 @@ depends neither on who proposed it nor on the batch. See :mod:`genrec.model.item
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import torch
 
+from genrec.engine.batch import PackedBatch
+from genrec.engine.catalog_state import CatalogState
 from genrec.engine.params import (
-    BeamParams,
-    Recommendation,
-    RecommendRequest,
+    RowRecommendation,
+    RowRequest,
     ScoreParams,
     ScoreRequest,
 )
+from genrec.engine.retrieval import PreparedSearch, prompts_of
+from genrec.model.decoder import DecoderLM
 from genrec.model.item_head import combine, pick, prompt_hidden
-
-if TYPE_CHECKING:
-    from genrec.engine.batch import PackedBatch
-    from genrec.engine.catalog_state import CatalogState
-    from genrec.engine.engine import Engine
 
 LOGLIK = ScoreParams(mode="loglik")
 
+# multi-item scoring of requests (``Engine.score_requests``): one score tensor per request
+ScoreFn = Callable[[Sequence[ScoreRequest], ScoreParams], list[torch.Tensor]]
 
-def sid_logprobs(engine: Engine, requests: Sequence[RecommendRequest],
+
+def sid_logprobs(score: ScoreFn, requests: Sequence[RowRequest],
                  items: Sequence[Sequence[int]], catalog: CatalogState) -> list[torch.Tensor]:
-    """log p(Semantic IDs of ``items[r]`` | request r's prompt) [len(items[r])]: one
-    multi-item scoring request per user (the prompt computed once)."""
-    prompts = catalog.prompts([list(q.history) for q in requests],
-                              [q.user_vector is not None for q in requests],
-                              [q.text for q in requests])
+    """log p(Semantic IDs of ``items[r]`` | request r's prompt) [len(items[r])] by ``score``:
+    one multi-item scoring request per user (the prompt computed once)."""
+    prompts = prompts_of(requests, catalog)
     scored = [r for r, row in enumerate(items) if row]
     score_requests = [
         ScoreRequest(prefix=prompts[r], candidates=catalog.item_tokens(items[r]).tolist(),
@@ -47,31 +45,23 @@ def sid_logprobs(engine: Engine, requests: Sequence[RecommendRequest],
     ]
     out = [torch.zeros(0) for _ in items]
     if score_requests:
-        for r, scores in zip(scored, engine.score_requests(score_requests, LOGLIK), strict=True):
+        for r, scores in zip(scored, score(score_requests, LOGLIK), strict=True):
             out[r] = scores.float().cpu()
     return out
 
 
-@torch.no_grad()
-def item_scores(engine: Engine, requests: Sequence[RecommendRequest],
-                items: Sequence[Sequence[int]], catalog: CatalogState,
-                weight: float) -> list[torch.Tensor]:
-    """The ranking score of each request's ``items`` [len(items[r])] by one model: its
-    Semantic-ID log-probability, plus ``weight`` times its head log-probability for a model
-    with an item head (as :func:`rank_with_head` scores them)."""
-    sid = sid_logprobs(engine, requests, items, catalog)
-    head = engine.model.item_head
-    if head is None or not weight or not any(items):
-        return sid
-    prompts = catalog.prompts([list(q.history) for q in requests],
-                              [q.user_vector is not None for q in requests],
-                              [q.text for q in requests])
-    batch = engine.pack(prompts, [[] for _ in prompts], [q.user_vector for q in requests],
-                        require_branches=False)
-    device = engine.model.device
-    hidden = prompt_hidden(engine.model, engine.embed(batch), batch.prefix_lens,
-                           batch.prefix_last.to(device))
-    logp = head.log_probs(hidden).cpu()  # [R, num_items of the head]
+def head_log_probs(model: DecoderLM, embeds: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+    """The item head's log-probabilities [R, num_items of the head] after each prompt of
+    ``batch`` (prefixes only; ``embeds`` its input embeddings), on the device."""
+    hidden = prompt_hidden(model, embeds, batch.prefix_lens, batch.prefix_last.to(model.device))
+    return model.item_head.log_probs(hidden)
+
+
+def with_head(sid: Sequence[torch.Tensor], logp: torch.Tensor, items: Sequence[Sequence[int]],
+              weight: float) -> list[torch.Tensor]:
+    """The ranking score of each request's ``items``: its Semantic-ID log-probability ``sid[r]``
+    plus ``weight`` times its head log-probability (``logp`` [R, num_items], CPU), as
+    :func:`rank_with_head` scores them."""
     out = []
     for r, row in enumerate(items):
         pool = torch.tensor(list(row), dtype=torch.long)[None]
@@ -80,7 +70,7 @@ def item_scores(engine: Engine, requests: Sequence[RecommendRequest],
                    if row else sid[r])
     return out
 
-def _mask_disallowed(logp: torch.Tensor, requests: Sequence[RecommendRequest],
+def _mask_disallowed(logp: torch.Tensor, requests: Sequence[RowRequest],
                      catalog: CatalogState, beam: torch.Tensor) -> torch.Tensor:
     """``logp`` [R, num_items] with -inf, in place, wherever request r may not be given the
     item (retired, excluded, outside its ``allow``) or the beam already proposes it
@@ -103,18 +93,16 @@ def _mask_disallowed(logp: torch.Tensor, requests: Sequence[RecommendRequest],
 
 
 @torch.no_grad()
-def rank_with_head(
-    engine: Engine, requests: Sequence[RecommendRequest], batch: PackedBatch,
-    catalog: CatalogState, params: BeamParams, items: torch.Tensor, scores: torch.Tensor,
-) -> list[Recommendation]:
+def rank_with_head(score: ScoreFn, model: DecoderLM, embeds: torch.Tensor,
+                   prepared: PreparedSearch, items: torch.Tensor, scores: torch.Tensor
+                   ) -> list[RowRecommendation]:
     """The top ``params.n`` of the beam's proposals ``items`` [R, W] (-1: none; ``scores``
-    their Semantic-ID log-probabilities) pooled with the head's proposals, by the combined
-    score."""
-    model, device = engine.model, engine.model.device
-    head = model.item_head
-    hidden = prompt_hidden(model, engine.embed(batch), batch.prefix_lens,
-                           batch.prefix_last.to(device))
-    logp = head.log_probs(hidden)  # [R, num_items of the head]
+    their Semantic-ID log-probabilities) for the ``prepared`` batch (``embeds``: its input
+    embeddings) pooled with the head's proposals, by the combined score (the extra proposals
+    scored by ``score``)."""
+    requests, catalog, params = prepared.requests, prepared.catalog, prepared.params
+    device, head = model.device, model.item_head
+    logp = head_log_probs(model, embeds, prepared.batch)
     extra: list[list[int]] = [[] for _ in requests]
     wanted = params.beam_width if params.head_proposals is None else params.head_proposals
     if wanted:
@@ -123,7 +111,7 @@ def rank_with_head(
         for r, (row, vals) in enumerate(zip(top.indices.tolist(), top.values.tolist(),
                                             strict=True)):
             extra[r] = [i for i, v in zip(row, vals, strict=True) if v > float("-inf")]
-    extra_sid = sid_logprobs(engine, requests, extra, catalog)
+    extra_sid = sid_logprobs(score, requests, extra, catalog)
     out = []
     for r in range(len(requests)):
         mine = items[r][items[r] >= 0]
@@ -134,5 +122,6 @@ def rank_with_head(
         ranked = combine(sid[None], head_scores, valid, params.item_weight)[0]
         # ties: the earlier proposal first (stable sort on the negated score)
         order = torch.sort(-ranked, stable=True).indices[: params.n]
-        out.append(Recommendation(items=pool[order].tolist(), scores=ranked[order].tolist()))
+        out.append(RowRecommendation(items=pool[order].tolist(),
+                                     scores=ranked[order].tolist()))
     return out

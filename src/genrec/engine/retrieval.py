@@ -1,49 +1,42 @@
-"""Engine.recommend: prompts from histories, filters, one batched constrained beam search.
+"""The steps of a generative-retrieval search, on what they need (the catalog state, the
+request limits, the search runners), never on the engine that calls them.
 
-In two steps, so that a server can pack the next batch on the host while the device runs
-this one: :func:`prepare_search` (checks, prompts, packing, filters) and :func:`run_search`
-(the search and the one copy back)."""
+:meth:`genrec.engine.Engine.prepare_recommend` checks and packs a batch
+(:func:`prepare_search`: prompts, packing, filters; host work, so that a server packs the next
+batch while the device runs this one) and :meth:`genrec.engine.Engine.run_recommend` runs it:
+:func:`run_search` (one batched constrained beam search) and :func:`top_items` (the one copy
+back). Items are the catalog's rows here (:class:`RowRequest`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from genrec.catalog.filters import PartFilter
-from genrec.engine.batch import PackedBatch
+from genrec.engine.batch import PackedBatch, RequestLimits, pack_requests
+from genrec.engine.beam_runner import RunnerPool
+from genrec.engine.catalog_state import CatalogState
 from genrec.engine.inputs import InputError
-from genrec.engine.item_ranking import rank_with_head
-from genrec.engine.params import BeamParams, Recommendation, RecommendRequest
-
-if TYPE_CHECKING:
-    from genrec.engine.catalog_state import CatalogState
-    from genrec.engine.engine import Engine
+from genrec.engine.params import BeamParams, RowRecommendation, RowRequest
 
 
 @dataclass
 class PreparedSearch:
-    """A batch of recommend requests checked and packed on the host (:func:`prepare_search`),
-    with the catalog state it reads; :func:`run_search` runs it."""
+    """A batch of requests checked and packed on the host (:func:`prepare_search`), with the
+    catalog state it reads."""
 
     catalog: CatalogState
     params: BeamParams
     batch: PackedBatch
     filters: list[PartFilter]
-    requests: list[RecommendRequest]
+    requests: list[RowRequest]
 
 
-def prepare_search(
-    engine: Engine, requests: Sequence[RecommendRequest], params: BeamParams,
-    catalog: CatalogState | None = None,
-) -> PreparedSearch:
-    """Validate requests and build their prompts, packing and filters (host work; raises
-    ``InputError`` naming the field). ``catalog`` (default: the engine's, read here once)
-    gives the vocabulary, the trie and the retired items."""
-    catalog = catalog if catalog is not None else engine.catalog
-    model = engine.model
+def check_requests(requests: Sequence[RowRequest], catalog: CatalogState) -> None:
+    """Raise ``InputError`` naming the field of the first bad request (rows outside the
+    catalog, bad text tokens, nothing to recommend from)."""
     for r, req in enumerate(requests):
         field = f"requests[{r}]"
         history = list(req.history) if not isinstance(req.history, (str, bytes)) else None
@@ -58,68 +51,65 @@ def prepare_search(
             items = getattr(req, name)
             if items is not None:
                 catalog.check_items(list(items), f"{field}.{name}")
-    prompts = catalog.prompts([list(q.history) for q in requests],
-                              [q.user_vector is not None for q in requests],
-                              [q.text for q in requests])
+
+
+def prompts_of(requests: Sequence[RowRequest], catalog: CatalogState) -> list[list[int]]:
+    """Each request's prompt: its text, soft token and history's Semantic IDs."""
+    return catalog.prompts([list(q.history) for q in requests],
+                           [q.user_vector is not None for q in requests],
+                           [q.text for q in requests])
+
+
+def pack_prompts(requests: Sequence[RowRequest], prompts: Sequence[Sequence[int]],
+                 limits: RequestLimits) -> PackedBatch:
+    """The prompts packed as prefixes without branches, with the requests' user vectors."""
+    return pack_requests(prompts, [[] for _ in prompts], [q.user_vector for q in requests],
+                         limits, require_branches=False)
+
+
+def prepare_search(requests: Sequence[RowRequest], params: BeamParams, catalog: CatalogState,
+                   limits: RequestLimits) -> PreparedSearch:
+    """Check ``requests`` against ``catalog`` (its vocabulary, trie and retired items) and
+    ``limits`` (the model's), and build their prompts, packing and filters (raises
+    ``InputError`` naming the field)."""
+    check_requests(requests, catalog)
+    prompts = prompts_of(requests, catalog)
     n_levels = catalog.num_levels
     for r, prompt in enumerate(prompts):
-        if len(prompt) + n_levels > model.config.max_position_embeddings:
+        if len(prompt) + n_levels > limits.max_positions:
             raise InputError(f"requests[{r}].history: prompt of {len(prompt)} tokens exceeds "
-                             f"the model's {model.config.max_position_embeddings} positions")
-    batch = engine.pack(prompts, [[] for _ in prompts], [q.user_vector for q in requests],
-                        require_branches=False)
+                             f"the model's {limits.max_positions} positions")
+    batch = pack_prompts(requests, prompts, limits)
     filters = catalog.search_filters([q.allow for q in requests],
                                      [q.exclude for q in requests])
     return PreparedSearch(catalog, params, batch, filters, list(requests))
 
 
-def run_search(engine: Engine, prepared: PreparedSearch) -> list[Recommendation]:
-    """One beam search for a prepared batch; the top-n items of each request (a model with an
-    item head ranks the beam's proposals and its own with it: :mod:`genrec.engine.item_ranking`)."""
-    batch, catalog, params = prepared.batch, prepared.catalog, prepared.params
-    device = engine.model.device
-    result = engine.searches.search(
-        catalog.parts(), prepared.filters, catalog.level_offsets, engine.embed(batch),
-        batch.layout.prefix_len.tolist(), batch.prefix_last.to(device), params.beam_width,
+def run_search(prepared: PreparedSearch, searches: RunnerPool, embeds: torch.Tensor,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One beam search of a prepared batch whose input embeddings are ``embeds`` [T, H]:
+    ``(items, scores)`` [R, beam_width] on the device (-1: no item), best first."""
+    batch, catalog = prepared.batch, prepared.catalog
+    result = searches.search(
+        catalog.parts(), prepared.filters, catalog.level_offsets, embeds,
+        batch.layout.prefix_len.tolist(), batch.prefix_last.to(device),
+        prepared.params.beam_width,
     )
-    items, scores = result.items, result.scores
-    if engine.model.item_head is not None and params.item_weight:
-        return rank_with_head(engine, prepared.requests, batch, catalog, params, items, scores)
-    # the one copy back: non-blocking into pinned memory on a GPU, then one wait
+    return result.items, result.scores
+
+
+def top_items(items: torch.Tensor, scores: torch.Tensor, n: int) -> list[RowRecommendation]:
+    """The first ``n`` items [R, W] (-1 dropped) and scores of each request, in one copy back
+    (non-blocking into pinned memory on a GPU, then one wait)."""
+    device = items.device
     pinned = device.type == "cuda"
-    items = items[:, : params.n].to("cpu", non_blocking=pinned)
-    scores = scores[:, : params.n].to("cpu", non_blocking=pinned)
+    items = items[:, :n].to("cpu", non_blocking=pinned)
+    scores = scores[:, :n].to("cpu", non_blocking=pinned)
     if pinned:
         torch.cuda.current_stream(device).synchronize()
     out = []
     for row_items, row_scores in zip(items.tolist(), scores.tolist(), strict=True):
         keep = [k for k, item in enumerate(row_items) if item >= 0]  # -1: fewer valid items
-        out.append(Recommendation(items=[row_items[k] for k in keep],
-                                  scores=[row_scores[k] for k in keep]))
+        out.append(RowRecommendation(items=[row_items[k] for k in keep],
+                                     scores=[row_scores[k] for k in keep]))
     return out
-
-
-def exhaustive_top(
-    engine: Engine, request: RecommendRequest, n: int, catalog: CatalogState | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference: score every allowed live item with multi-item scoring, return the top n
-    (items, summed log-probabilities). Slow on big catalogs; for tests and checks. Scores are
-    full-vocabulary log-likelihoods: the search's own for ``sid_normalize="full"`` models."""
-    from genrec.engine.params import ScoreParams
-
-    catalog = catalog if catalog is not None else engine.catalog
-    live = torch.ones(catalog.num_items, dtype=torch.bool)
-    live[catalog.retired_items] = False
-    if request.allow is not None:
-        allowed = torch.zeros_like(live)
-        allowed[torch.tensor(list(request.allow), dtype=torch.long)] = True
-        live &= allowed
-    if request.exclude:
-        live[torch.tensor(list(request.exclude), dtype=torch.long)] = False
-    items = torch.nonzero(live)[:, 0]
-    [prompt] = catalog.prompts([list(request.history)], [request.user_vector is not None],
-                               [request.text])
-    cands = catalog.item_tokens(items).tolist()
-    scores = engine.score(prompt, cands, ScoreParams(mode="loglik"), request.user_vector)
-    top = scores.topk(min(n, len(cands)))
-    return items[top.indices], top.values

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from genrec.catalog.item_table import ItemTable
 from genrec.engine.batch import PackedBatch
 from genrec.engine.inputs import InputError
 from genrec.engine.params import ScoreParams
@@ -60,3 +63,12 @@ def _summed_loglik(model: DecoderLM, hidden: torch.Tensor, batch: PackedBatch) -
         targets, branch_of = to_device(targets, device), to_device(branch_of, device)
     logp = model.token_logprobs(hidden[predictors], targets)
     return torch.zeros(n_br, device=device).index_add_(0, branch_of, logp)
+
+
+@dataclass
+class PreparedScore:
+    """Scoring requests checked and packed on the host (:meth:`Engine.prepare_score`)."""
+
+    params: ScoreParams
+    table: ItemTable | None
+    batches: list[PackedBatch]

@@ -1,6 +1,6 @@
 """Evaluating a generative recommender: full-catalog constrained beam search per user.
 
-Each example's history becomes a prompt (``SidVocab.prompt``, inside ``Engine.recommend``), the
+Each example's history becomes a prompt (``SidVocab.prompt``, inside ``Engine.recommend_rows``), the
 engine returns its top items by beam search over every catalog item, and Recall/NDCG@K are
 computed against the one held-out target. Requests are sent in batches.
 
@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from genrec.data.split import Example, leave_one_out, training_sequences
-from genrec.engine import BeamParams, Engine, RecommendRequest
+from genrec.engine import BeamParams, Engine, RowRequest
 from genrec.engine.params import DEFAULT_ITEM_WEIGHT
 from genrec.evaluation.metrics import ranking_metrics, target_ranks
 
@@ -59,14 +59,14 @@ def evaluate_generative(
     for start in tqdm(starts, desc="eval", unit="batch", disable=not progress, leave=False):
         chunk = examples[start : start + batch_size]
         requests = [
-            RecommendRequest(
+            RowRequest(
                 history=ex.history,
                 user_vector=None if user_vectors is None else user_vectors[ex.user],
                 exclude=None if exclude is None else list(exclude[start + i]),
             )
             for i, ex in enumerate(chunk)
         ]
-        for row, rec in enumerate(engine.recommend(requests, params), start=start):
+        for row, rec in enumerate(engine.recommend_rows(requests, params), start=start):
             top[row, : len(rec.items)] = torch.tensor(rec.items, dtype=torch.int64)
     targets = torch.tensor([ex.target for ex in examples], dtype=torch.int64)
     metrics = ranking_metrics(target_ranks(top, targets), ks)

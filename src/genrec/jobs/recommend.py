@@ -1,6 +1,6 @@
 """Recommendations for many users at once, through the engine directly (no HTTP): each user's
 whole history is the prompt (the vocabulary keeps its last ``max_history`` items, as
-``/v1/recommend`` does), users go to :meth:`Engine.recommend` in batches, and the answers can
+``/v1/recommend`` does), users go to :meth:`Engine.recommend_rows` in batches, and the answers can
 be reranked by a DuoLM ranker (retrieve ``beam_width`` items, keep the ranker's best ``n``, as
 ``/v1/recommend`` with ``rerank``). :func:`write_recommendations` writes them as JSON lines
 in the table's own ids, atomically.
@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from genrec.duolm.ranker import RankRequest
-from genrec.engine import BeamParams, Recommendation, RecommendRequest
+from genrec.engine import BeamParams, RowRecommendation, RowRequest
 from genrec.utils.atomic import atomic_write
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def recommend_users(
     engine: Engine, histories: Sequence[Sequence[int]], params: BatchParams,
     user_vectors: torch.Tensor | None = None, rerank: Rerank | None = None,
     progress: bool = False,
-) -> Iterator[Recommendation]:
+) -> Iterator[RowRecommendation]:
     """Each history's top ``params.n`` items (catalog rows, best first, with their scores), in
     the order of ``histories``; ``user_vectors[i]`` feeds history ``i``'s soft token.
 
@@ -71,21 +71,21 @@ def recommend_users(
         for start in range(0, len(histories), params.batch_size):
             chunk = histories[start:start + params.batch_size]
             vectors = None if user_vectors is None else user_vectors[start:start + len(chunk)]
-            requests = [RecommendRequest(
+            requests = [RowRequest(
                 history=list(h), user_vector=None if vectors is None else vectors[i],
                 exclude=None if params.include_history else sorted(set(h)))
                 for i, h in enumerate(chunk)]
-            found = engine.recommend(requests, beam)
+            found = engine.recommend_rows(requests, beam)
             if rerank is not None:
                 found = _reranked(rerank, requests, found, params.n)
             yield from found
             bar.update(len(chunk))
 
 
-def _reranked(rerank: Rerank, requests: Sequence[RecommendRequest],
-              found: Sequence[Recommendation], n: int) -> list[Recommendation]:
+def _reranked(rerank: Rerank, requests: Sequence[RowRequest],
+              found: Sequence[RowRecommendation], n: int) -> list[RowRecommendation]:
     """``found`` ordered by the ranker's scores (the best ``n`` of each kept)."""
-    out: list[Recommendation] = [Recommendation([], []) for _ in found]
+    out: list[RowRecommendation] = [RowRecommendation([], []) for _ in found]
     asked = [k for k, rec in enumerate(found) if rec.items]
     if not asked:
         return out
@@ -94,13 +94,13 @@ def _reranked(rerank: Rerank, requests: Sequence[RecommendRequest],
     for k, values in zip(asked, scores, strict=True):
         values = torch.as_tensor(values, dtype=torch.float32).reshape(-1)
         top = torch.argsort(values, descending=True, stable=True)[:n].tolist()
-        out[k] = Recommendation([found[k].items[i] for i in top],
+        out[k] = RowRecommendation([found[k].items[i] for i in top],
                                 [float(values[i]) for i in top])
     return out
 
 
 def write_recommendations(path: str | Path, user_ids: Sequence[str], item_ids: Sequence[str],
-                          found: Iterable[Recommendation]) -> int:
+                          found: Iterable[RowRecommendation]) -> int:
     """``found`` (one per user of ``user_ids``, items as catalog rows) as JSON lines
     ``{"user_id", "items", "scores"}`` with the table's ``item_ids``, written to ``path``
     atomically (a temporary file renamed over it once complete: a reader never sees a partial

@@ -9,9 +9,9 @@ Needs the ``serve`` extras (fastapi, uvicorn, prometheus-client).
 
 from genrec.serving.app import build_app, create_app
 from genrec.serving.backends import CatalogUpdater, Ranker, RankRequest
-from genrec.serving.launch import ServeConfig
 from genrec.serving.scheduler import BatchScheduler
 from genrec.serving.server import BackgroundServer, run_server
+from genrec.serving.spec import ServeConfig
 from genrec.serving.worker import BatchWorker, Worker
 
 __all__ = [

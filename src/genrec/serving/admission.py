@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from genrec.engine import Engine, RecommendRequest, ScoreRequest
+from genrec.engine import Engine, RowRequest, ScoreRequest
 from genrec.engine.costs import prompt_tokens, score_bytes, search_bytes
 from genrec.engine.memory import GIB, free_memory
 from genrec.serving.batch_jobs import BatchRunner, Stages
@@ -70,7 +70,7 @@ class Admission:
         """Estimated bytes of one payload of a batch of ``message`` (0: not costed)."""
         engine = self.engine
         cfg, dtype = engine.model.config, engine.model.dtype
-        if isinstance(message, RecommendBatch) and isinstance(payload, RecommendRequest):
+        if isinstance(message, RecommendBatch) and isinstance(payload, RowRequest):
             catalog = engine.catalog
             if catalog is None:
                 return 0

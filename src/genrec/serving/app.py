@@ -28,7 +28,6 @@ from genrec.serving.admission import Admission, MemoryBusyError, RequestTooLarge
 from genrec.serving.auth import ApiKeyMiddleware
 from genrec.serving.backends import CatalogUpdater, Ranker
 from genrec.serving.engine_process import EngineGoneError
-from genrec.serving.launch import ServeConfig
 from genrec.serving.metrics import ServerMetrics
 from genrec.serving.openai_api import OpenAIErrors, check_model, model_card, model_list
 from genrec.serving.scheduler import (
@@ -39,6 +38,7 @@ from genrec.serving.scheduler import (
     Stages,
 )
 from genrec.serving.service import ApiError, CatalogBehindError, Service
+from genrec.serving.spec import ServeConfig
 from genrec.serving.worker import BatchWorker, Worker
 
 log = logging.getLogger("genrec.serving")

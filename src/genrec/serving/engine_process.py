@@ -5,7 +5,7 @@ with a small model, whose batches are many short tensor operations, the request 
 the engine take turns instead of running side by side. With ``--engine-process`` the engine
 batches run in a child process (spawned, so it has its own interpreter and torch threads) that
 builds a :class:`~genrec.serving.worker.Worker` over the same model, ranker and catalog, loaded
-from the same :class:`~genrec.serving.launch.AppSpec`.
+from the same :class:`~genrec.serving.spec.AppSpec`.
 
 :class:`EngineProcess` is the server side's :class:`~genrec.serving.worker.BatchWorker`: the
 scheduler's worker thread calls its :meth:`~EngineProcess.run`, which sends the batch
@@ -45,7 +45,7 @@ from genrec.serving.messages import Batch, CatalogOp, CatalogUpdate, Message, Re
 from genrec.serving.worker import Worker
 
 if TYPE_CHECKING:
-    from genrec.serving.launch import AppSpec
+    from genrec.serving.spec import AppSpec
 
 _CLOSE = b""
 _MAX_EVENTS = 1024
@@ -78,7 +78,7 @@ def _child_main(spec: AppSpec, conn: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
-        from genrec.serving.launch import build_worker, load_components
+        from genrec.serving.components import build_worker, load_components
         from genrec.serving.server import freeze_heap
 
         worker = build_worker(load_components(spec), spec.config)

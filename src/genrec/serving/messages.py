@@ -5,7 +5,7 @@ Each message is both the batch scheduler's grouping key (hashable: requests with
 messages share one engine call) and what crosses the engine process's pipe with its payloads
 (picklable). Payloads and results per message:
 
-- :class:`RecommendBatch`: ``RecommendRequest`` -> ``Versioned[Recommendation]``;
+- :class:`RecommendBatch`: ``RowRequest`` -> ``Versioned[RowRecommendation]``;
 - :class:`ScoreBatch`: ``list[ScoreRequest]`` (one HTTP request each) ->
   ``Versioned[list[Tensor]]`` (one ``[N, K]`` tensor per ``ScoreRequest``);
 - :class:`RankBatch`: ``RankRequest`` -> ``Versioned[Tensor]`` (1-D scores);

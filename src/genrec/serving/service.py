@@ -22,7 +22,7 @@ import torch
 
 from genrec.catalog.assign import IdAssigner, assign_upserts
 from genrec.catalog.id_map import item_keys
-from genrec.engine import RecommendRequest, ScoreRequest
+from genrec.engine import RowRequest, ScoreRequest
 from genrec.engine.catalog_state import CatalogState
 from genrec.serving import schemas as S
 from genrec.serving.admission import Admission
@@ -140,13 +140,13 @@ class Service:
     def _recommend_request(self, history: list[int], user_vector: list[float] | None,
                            exclude: list[int] | None = None, allow: list[int] | None = None,
                            field: str = "history", text: list[int] | None = None
-                           ) -> RecommendRequest:
+                           ) -> RowRequest:
         # ``history``, ``exclude`` and ``allow`` in rows (see :meth:`_rows`)
         self._catalog()
         if not history and user_vector is None and not text:
             raise ValueError(f"{field}: empty history and no user_vector")
         self._check_user_vector(user_vector)
-        return RecommendRequest(history=history, user_vector=user_vector, exclude=exclude,
+        return RowRequest(history=history, user_vector=user_vector, exclude=exclude,
                                 allow=allow, text=text)
 
     def _history(self, body: S.RecommendBody | S.RankBody, ignored: list[str]) -> list[int]:
@@ -197,7 +197,7 @@ class Service:
                     raise
         raise AssertionError("unreachable")
 
-    async def rerank_retrieved(self, retrieved: RecommendRequest, body: S.RecommendBody,
+    async def rerank_retrieved(self, retrieved: RowRequest, body: S.RecommendBody,
                                items: list[int], ignored: list[str],
                                deadline_ms: float | None) -> dict:
         """Rerank hook: order the retrieved ``items`` (rows) by the ranker's scores for the

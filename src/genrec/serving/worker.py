@@ -24,8 +24,8 @@ from genrec.catalog.id_map import IdMap
 from genrec.engine import (
     BeamParams,
     Engine,
-    Recommendation,
-    RecommendRequest,
+    RowRecommendation,
+    RowRequest,
     ScoreParams,
     ScoreRequest,
 )
@@ -200,8 +200,8 @@ class Worker:
         finally:
             self._batch.release()
 
-    def recommend(self, message: RecommendBatch, requests: list[RecommendRequest]
-                  ) -> list[Versioned[Recommendation]]:
+    def recommend(self, message: RecommendBatch, requests: list[RowRequest]
+                  ) -> list[Versioned[RowRecommendation]]:
         """Constrained beam search for every request, in one engine call."""
         return self._finish_work(self.prepare(message, requests))
 

@@ -1,13 +1,11 @@
 """The import graph of the ``genrec`` modules, read from the source (``ast``, nothing imported):
-no cycles among module-level imports, and the serving layer never imports the commands.
+no import cycles, and the serving layer never imports the commands.
 
-Edges of the cycle check: the imports that run when a module is imported, i.e. the module
-body, class bodies, ``try`` / ``if`` / ``with`` blocks included; not the imports inside
-functions (they run later, on call) nor those under ``if TYPE_CHECKING:`` (never at run
-time). Inside ``genrec.serving`` the ``TYPE_CHECKING`` imports count too (a type-only
-dependency is still one). An import of ``a.b.c`` (or ``from a.b import c`` where ``c`` is a
-module) is an edge to that module alone, not to the packages Python initialises before it.
-The layering check reads every import, functions and ``TYPE_CHECKING`` blocks included.
+Every import is an edge: the module body's, class bodies', ``try`` / ``if`` / ``with``
+blocks', the imports inside functions (a deferred import is still a dependency) and those
+under ``if TYPE_CHECKING:`` (a type-only dependency is still one). An import of ``a.b.c`` (or
+``from a.b import c`` where ``c`` is a module) is an edge to that module alone, not to the
+packages Python initialises before it.
 """
 
 from __future__ import annotations
@@ -108,17 +106,55 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def cyclic_groups(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The modules of ``graph`` that import each other, directly or through others: every
+    strongly connected component of more than one module (or a module importing itself)."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        order[node] = low[node] = len(order)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in order:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], order[nxt])
+        if low[node] == order[node]:
+            group = set()
+            while not group or node not in group:
+                group.add(stack.pop())
+            if len(group) > 1 or node in graph[node]:
+                groups.append(frozenset(group))
+
+    for node in sorted(graph):
+        if node not in order:
+            visit(node)
+    return groups
+
+
+# Cycles being removed by work in progress elsewhere; each entry goes once its cycle does
+# (the test fails for an entry whose cycle is gone). Empty it; never add to it.
+KNOWN_OPEN_CYCLES = {
+    frozenset({"genrec.engine.catalog_state", "genrec.engine.catalog_update"}),
+    frozenset({"genrec.model.decoder", "genrec.model.native_layers"}),
+}
+
+
 def test_the_graph_is_read_from_the_source() -> None:
     graph = import_graph()
     assert {"genrec.serving.service", "genrec.serving.worker"} <= graph["genrec.serving.app"]
     assert "genrec.serving.schemas" in graph["genrec.serving.app"]  # from package import module
     assert "genrec.serving.messages" in graph["genrec.serving.worker"]
-    # deferred and type-only imports are not edges of the cycle check
-    assert "genrec.serving.launch" not in graph["genrec.serving.engine_process"]
-    assert "genrec.serving.launch" in import_graph(functions=True)[
-        "genrec.serving.engine_process"]
-    assert "genrec.serving.launch" in import_graph(type_checking=True)[
-        "genrec.serving.engine_process"]
+    # imports in functions and under TYPE_CHECKING are read only when asked for
+    process = "genrec.serving.engine_process"
+    assert "genrec.serving.components" not in graph[process]
+    assert "genrec.serving.components" in import_graph(functions=True)[process]
+    assert "genrec.serving.spec" not in graph[process]
+    assert "genrec.serving.spec" in import_graph(type_checking=True)[process]
 
 
 def test_find_cycle_reports_one() -> None:
@@ -126,17 +162,21 @@ def test_find_cycle_reports_one() -> None:
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_no_import_cycles() -> None:
-    cycle = find_cycle(import_graph())
-    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+def test_cyclic_groups_finds_every_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"a", "c"}, "c": {"d"}, "d": {"c"}, "e": {"e"}, "f": {"a"}}
+    assert set(cyclic_groups(graph)) == {frozenset("ab"), frozenset("cd"), frozenset("e")}
+    assert cyclic_groups({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_cycles_in_serving_even_through_type_checking_imports() -> None:
-    graph = import_graph(type_checking=True)
-    serving = {name: {m for m in deps if m.startswith("genrec.serving")}
-               for name, deps in graph.items() if name.startswith("genrec.serving")}
-    cycle = find_cycle(serving)
-    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+def test_no_import_cycles_counting_function_and_type_checking_imports() -> None:
+    graph = import_graph(functions=True, type_checking=True)
+    groups = set(cyclic_groups(graph))
+    new = groups - KNOWN_OPEN_CYCLES
+    shown = [" -> ".join(find_cycle({m: graph[m] & g for m in g}) or sorted(g)) for g in new]
+    assert not new, "import cycles: " + "; ".join(sorted(shown))
+    assert not KNOWN_OPEN_CYCLES - groups, ("no longer a cycle, remove from "
+                                            "KNOWN_OPEN_CYCLES: "
+                                            f"{[sorted(g) for g in KNOWN_OPEN_CYCLES - groups]}")
 
 
 def test_serving_does_not_import_the_commands() -> None:
