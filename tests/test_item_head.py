@@ -269,11 +269,12 @@ def test_item_inputs_add_the_tied_embedding_and_survive_a_checkpoint(tmp_path) -
     loaded = load_model(tmp_path)
     assert loaded.config.item_inputs == vocab.num_levels
     assert torch.equal(loaded.item_head.item_tokens, model.item_head.item_tokens)
-    request = RecommendRequest(history=[3, 11, 20])
+    request = RowRequest(history=[3, 11, 20])
     params = BeamParams(beam_width=8, n=5)
     before = Engine(model, config=EngineConfig(soft_token_id=SOFT_ID), vocab=vocab)
     after = Engine(loaded, config=EngineConfig(soft_token_id=SOFT_ID), vocab=vocab)
-    a, b = before.recommend([request], params)[0], after.recommend([request], params)[0]
+    a = before.recommend_rows([request], params)[0]
+    b = after.recommend_rows([request], params)[0]
     assert a.items == b.items
     torch.testing.assert_close(torch.tensor(a.scores), torch.tensor(b.scores))
 
