@@ -80,4 +80,5 @@ def test_index_train_serve_and_batch_speak_the_tables_ids(tmp_path: Path,
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert {line["user_id"] for line in lines} == set(history)
     for line in lines:
-        assert set(line["items"]) <= known and not set(line["items"]) & set(history[line["user_id"]])
+        seen = set(history[line["user_id"]])
+        assert set(line["items"]) <= known and not set(line["items"]) & seen

@@ -32,6 +32,7 @@ from genrec.commands.dataset import (
     load_dataset,
     table_options,
 )
+from genrec.training.run_layout import model_folder
 from genrec.utils.device import resolve_device
 
 if TYPE_CHECKING:
@@ -262,7 +263,7 @@ def train_duolm(
         teacher_ranker = None
         if teacher is not None:
             teacher_ranker = TeacherRanker.from_pretrained(
-                run_folder(teacher), dataset_item_text(ds), ds.num_items, device=dev)
+                model_folder(teacher), dataset_item_text(ds), ds.num_items, device=dev)
         meta = {"kind": "student", "max_history": max_history, "k": k, "backend": backend,
                 "teacher": str(teacher) if teacher else None, "distill_weight": distill_weight,
                 "user_vectors": Path(user_vectors).name}
@@ -274,11 +275,6 @@ def train_duolm(
         _train(task, model, out, epochs, lr, patience, seed, resume, progress, dev, args)
     except INPUT_ERRORS as err:
         raise fail(err) from None
-
-
-def run_folder(path: Path) -> Path:
-    """A training run's ``best/`` checkpoint when ``path`` is a run folder, else ``path``."""
-    return path / "best" if (path / "best" / "config.json").is_file() else path
 
 
 @table_options
@@ -297,7 +293,7 @@ def encode_catalog(
     from genrec.duolm.store import write_store
 
     dev = resolve_device(device, threads)
-    folder = run_folder(model)
+    folder = model_folder(model)
     try:
         read_meta(folder)
         ds = load_dataset(data, interactions, items, table)

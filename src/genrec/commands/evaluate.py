@@ -22,6 +22,7 @@ from genrec.commands.dataset import (
     table_options,
 )
 from genrec.commands.generative import check_index
+from genrec.training.run_layout import model_folder
 from genrec.utils.device import resolve_device
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def eval_command(
 
     if split not in ("test", "val"):
         raise typer.BadParameter(f"--split must be 'test' or 'val', got {split!r}")
-    folder = model / "best" if (model / "best" / "config.json").is_file() else model
+    folder = model_folder(model)
     if (folder / "duolm.json").is_file():
         if ensemble:
             raise typer.BadParameter("--ensemble: generative models only (--model is a DuoLM "
@@ -129,7 +130,7 @@ def load_generative(model: Path, ds: Dataset, split: str, device: str,
     from genrec.engine import Engine
     from genrec.training.user_vectors import fold_in, load_item_factors, load_saved_user_vectors
 
-    folder = model / "best" if (model / "best" / "config.json").is_file() else model
+    folder = model_folder(model)
     engine = Engine.from_pretrained(folder, device=device)
     if engine.vocab is None:
         raise ValueError(f"{field}: {folder} has no Semantic-ID vocabulary")

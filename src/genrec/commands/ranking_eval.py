@@ -15,8 +15,8 @@ from genrec.commands.duolm import (
     catalog_features,
     dataset_item_text,
     eval_split,
-    run_folder,
 )
+from genrec.training.run_layout import model_folder
 from genrec.utils.device import resolve_device
 
 if TYPE_CHECKING:
@@ -44,14 +44,14 @@ def eval_rankers(
         ds = load_dataset(data, interactions, items, table)
         rankers = {}
         for path in [p for p in (model, teacher) if p is not None]:
-            folder = run_folder(path)
+            folder = model_folder(path)
             kind = read_meta(folder)["kind"]
             if kind == "teacher":
                 rankers["teacher"] = TeacherRanker.from_pretrained(
                     folder, dataset_item_text(ds), ds.num_items, device=dev)
             else:
                 rankers["student"] = load_student(folder, store, ds, progress, dev)
-        meta_hist = int(read_meta(run_folder(model)).get("max_history", 20))
+        meta_hist = int(read_meta(model_folder(model)).get("max_history", 20))
         _, exs, cands = eval_split(ds, meta_hist, users, negatives, seed, split)
         results = {}
         for name, ranker in rankers.items():
@@ -59,7 +59,7 @@ def eval_rankers(
 
             vectors = None
             if name == "student" and ranker.engine.model.config.user_dim:
-                vectors = load_saved_user_vectors(run_folder(model), ds.user_ids)
+                vectors = load_saved_user_vectors(model_folder(model), ds.user_ids)
 
             def score(e, c, r=ranker, v=vectors):  # noqa: ANN001, ANN202
                 return r.rank([RankRequest(x.history, y, None if v is None else v[x.user])

@@ -104,11 +104,11 @@ def load_rerank(path: Path, store: Path | None, ds: Dataset, progress: bool,
                 device: str) -> Rerank:
     """The ``rank`` of the DuoLM student in ``path`` over ``ds``'s catalog (its item store's
     ids must be the table's)."""
-    from genrec.commands.duolm import run_folder
     from genrec.commands.ranking_eval import load_student
     from genrec.duolm.ranker import read_meta
+    from genrec.training.run_layout import model_folder
 
-    folder = run_folder(path)
+    folder = model_folder(path)
     if read_meta(folder).get("kind") != "student":
         raise ValueError(f"--ranker {path}: not a DuoLM student")
     student = load_student(folder, store, ds, progress, device)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from genrec.commands.common import DeviceOpt
+from genrec.training.run_layout import model_folder
 
 if TYPE_CHECKING:
     from genrec.serving.spec import AppSpec
@@ -96,7 +97,8 @@ def serve(
         typer.echo(f"error: genrec serve needs the 'serve' extras: pip install 'genrec[serve]' "
                    f"({err})", err=True)
         raise typer.Exit(code=1) from None
-    model = served_model(model_arg, model)
+    given = served_model(model_arg, model)
+    model = model_folder(given)  # a training run's folder serves its best checkpoint
     if served_model_name is not None and not served_model_name.strip():
         raise typer.BadParameter("--served-model-name: empty name")
     if replicas != 1 and not ray:
@@ -121,7 +123,7 @@ def serve(
         typer.echo(warning, err=True)
     config = ServeConfig(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
                          max_queue=max_queue,
-                         model_name=served_model_name or model.expanduser().absolute().name,
+                         model_name=served_model_name or given.expanduser().absolute().name,
                          engine_process=engine_process, overlap=overlap, api_key=api_key,
                          admin_key=admin_key, catalog_state=state_dir)
     spec = AppSpec.of(model, ranker, catalog, tokenizer, device=device, dtype=dtype,

@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from genrec.model.checkpoint import save_model
+from genrec.training.run_layout import BEST, EPOCHS, LAST
 from genrec.utils.atomic import atomic_write
 
-LAST, BEST, EPOCHS = "last", "best", "epochs"
 STATE_FILE = "train_state.pt"
 
 
