@@ -172,7 +172,8 @@ class ServiceCatalog:
     def _replay(self, stored: StoredCatalog, where: Path) -> bool:
         # all records but the last as one net change per catalog (a few calls however many
         # they are), then the last one alone: True when the ranker refused it (see above: it
-        # is to be dropped)
+        # is to be dropped). Each is installed from its rows under the lock, so a compaction
+        # the head started cannot swap the state between reading it and installing onto it.
         head, last = stored.records[:-1], stored.records[-1:]
         span = f"versions {stored.after + 1}..{stored.version}"
         try:
@@ -188,17 +189,22 @@ class ServiceCatalog:
                                     self.engine, self.ranker_updater, str(where))
                     self._version, self.ids = head[-1].version, ids
                     self.compactor.maybe_start()
-            prepared = [self._prepared(r.op, r.data, logged_rows(self.ids, r.data, r.ids))
-                        for r in last]
         except (LookupError, ValueError) as err:  # each was validated before it was logged
             raise CatalogLogError(f"{where}: {span} cannot be replayed here: {err}") from err
-        for record, update in zip(last, prepared, strict=True):
-            try:
-                self.apply(update)
-            except ValueError as err:  # the ranker's updater refused it: never acknowledged
-                logger.warning("%s: the last update (version %d), refused on replay, was never "
-                               "acknowledged: dropped (%s)", where, record.version, err)
-                return True
+        for record in last:
+            with self._lock:
+                try:
+                    rows, state = self._logged(record)
+                except (LookupError, ValueError) as err:
+                    raise CatalogLogError(f"{where}: {span} cannot be replayed here: "
+                                          f"{err}") from err
+                try:
+                    self._install_logged(record, rows, state)
+                except ValueError as err:  # the ranker's updater refused it: never acknowledged
+                    logger.warning("%s: the last update (version %d), refused on replay, was "
+                                   "never acknowledged: dropped (%s)", where, record.version,
+                                   err)
+                    return True
         return False
 
     @property
@@ -268,14 +274,18 @@ class ServiceCatalog:
         # off the engine's thread: its device work never overlaps a graph capture (the device
         # lock first, as compaction takes it before the catalog's)
         with self.engine.device_work():
-            return self._prepared(op, data, to_rows(self.ids, op, data, self.generative))
+            return self._prepared(op, data, self.ids)
 
-    def _prepared(self, op: str, data: list, rows: RowUpdate) -> PreparedUpdate:
-        # the next generative state of ``rows`` (the update in rows), built on the installed
-        # state; ``rows.ids`` must be built on the installed id map
-        base_ids, base = self.ids, self.engine.catalog
+    def _prepared(self, op: str, data: list, ids: IdMap, rows: RowUpdate | None = None
+                  ) -> PreparedUpdate:
+        # the update (``data`` in the table's ids) in rows of the id map ``ids`` (read once:
+        # the map the rows are built on is the one recorded), and its next generative state,
+        # built on the state installed now; ``rows``: the update already in rows of ``ids``
+        base = self.engine.catalog
+        if rows is None:
+            rows = to_rows(ids, op, data, self.generative)
         state, mine = self._generative(op, rows.data, base)
-        return PreparedUpdate(op, data, base, base_ids, rows, state, mine)
+        return PreparedUpdate(op, data, base, ids, rows, state, mine)
 
     def apply(self, update: PreparedUpdate | tuple[str, list]) -> CatalogChange:
         """Run an update (``(op, data)`` or :meth:`prepare`'s result) on both catalogs, all or
@@ -289,9 +299,10 @@ class ServiceCatalog:
         with self._lock, self._writing():
             if self.follower is not None and self.log is None:
                 return self._mirrored(op, data)
-            if not (isinstance(update, PreparedUpdate) and update.base is self.engine.catalog
-                    and update.base_ids is self.ids):  # built on another state: again
-                update = self._prepared(op, data, to_rows(self.ids, op, data, self.generative))
+            if not isinstance(update, PreparedUpdate) or update.base_ids is not self.ids:
+                update = self._prepared(op, data, self.ids)  # rows of another map: again
+            elif update.base is not self.engine.catalog:  # a compaction or an update since
+                update = self._prepared(op, data, self.ids, update.rows)  # the same rows
             rows, state = update.rows, update.state
             ranker_items = self._ranker_items(op, rows.data)
             version = self._version + 1
@@ -345,9 +356,19 @@ class ServiceCatalog:
     def install_logged(self, record: LogRecord) -> None:
         """Apply an update another process logged, as its ``record`` says (a follower; under
         the lock). Raises ``ValueError`` when these catalogs refuse it."""
-        rows = logged_rows(self.ids, record.data, record.ids)
         self._checked(record.op, record.data)
-        state, _ = self._generative(record.op, record.data, self.engine.catalog)
+        self._install_logged(record, *self._logged(record))
+
+    def _logged(self, record: LogRecord) -> tuple[RowUpdate, CatalogState | None]:
+        # a logged update onto the installed id map and state (under the lock): its rows and
+        # the next generative state (None: unchanged); raises as the update's checks do
+        rows = logged_rows(self.ids, record.data, record.ids)
+        return rows, self._generative(record.op, record.data, self.engine.catalog)[0]
+
+    def _install_logged(self, record: LogRecord, rows: RowUpdate,
+                        state: CatalogState | None) -> None:
+        # the ranker's part of a logged update, then both installed under its version (under
+        # the lock); ``ValueError``: the ranker's updater refused it, nothing installed
         reported = self._rank(record.op, record.data, self._ranker_items(record.op, record.data))
         self._commit(state, reported, record.version, rows.ids, fold=False)
 
