@@ -27,7 +27,7 @@ from serving_durable_server import SIZES, durable_engine, item_name
 from serving_support import is_ready
 
 from genrec import BeamParams, Engine, RecommendRequest
-from genrec.serving.catalog import ServiceCatalog
+from genrec.live_catalog.served import ServiceCatalog
 from genrec.serving.server import free_port
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="kills the server with SIGKILL")

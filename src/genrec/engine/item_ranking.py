@@ -26,8 +26,8 @@ from genrec.model.item_head import combine, pick, prompt_hidden
 
 if TYPE_CHECKING:
     from genrec.engine.batch import PackedBatch
-    from genrec.engine.catalog_state import CatalogState
     from genrec.engine.engine import Engine
+    from genrec.live_catalog.state import CatalogState
 
 LOGLIK = ScoreParams(mode="loglik")
 

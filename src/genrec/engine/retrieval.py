@@ -19,8 +19,8 @@ from genrec.engine.item_ranking import rank_with_head
 from genrec.engine.params import BeamParams, Recommendation, RecommendRequest
 
 if TYPE_CHECKING:
-    from genrec.engine.catalog_state import CatalogState
     from genrec.engine.engine import Engine
+    from genrec.live_catalog.state import CatalogState
 
 
 @dataclass

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from genrec.live_catalog.host import CatalogUpdater
+
 if TYPE_CHECKING:
     import torch
 
@@ -38,16 +40,6 @@ class Ranker(Protocol):
     def catalog_version(self) -> int: ...
 
     def rank(self, requests: Sequence[RankRequest]) -> list[torch.Tensor]: ...
-
-
-@runtime_checkable
-class CatalogUpdater(Protocol):
-    """Changes the served catalog; both methods return the new catalog version and raise
-    ``ValueError`` naming the field for bad input."""
-
-    def upsert(self, items: list[dict[str, Any]]) -> int: ...
-
-    def retire(self, item_ids: list[int]) -> int: ...
 
 
 def load_ranker(path: str | Path, store: str | Path | None, device: str = "cpu",

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from genrec.serving.catalog import ServiceCatalog
-from genrec.serving.catalog_ids import model_ids
+from genrec.live_catalog.ids import model_ids
+from genrec.live_catalog.served import ServiceCatalog
 from genrec.serving.worker import BatchWorker, Worker, initial_version
 from genrec.utils.device import resolve_device
 

@@ -9,9 +9,9 @@ import torch
 
 from genrec import BeamParams, Engine, EngineConfig, RecommendRequest
 from genrec.catalog.semantic_ids import SemanticIndex
-from genrec.engine.catalog_state import CatalogState
 from genrec.engine.retrieval import exhaustive_top
 from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
+from genrec.live_catalog.state import CatalogState
 from genrec.model import ModelConfig, build_model
 
 SIZES = [16, 8, 16]

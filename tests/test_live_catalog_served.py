@@ -21,12 +21,16 @@ from serving_support import N_ITEMS, post, tiny_engine, wait_until
 
 from genrec import BeamParams, Engine, RecommendRequest
 from genrec.catalog.id_map import IdMap
-from genrec.engine.catalog_state import CatalogState
-from genrec.serving import catalog as service_catalog
-from genrec.serving.catalog import ServiceCatalog
-from genrec.serving.catalog_log import FoldPolicy, read_state
-from genrec.serving.catalog_log_format import CatalogLogError, LogRecord
-from genrec.serving.compaction import COMPACT_MAX_ITEMS, COMPACT_MIN_ITEMS, compaction_threshold
+from genrec.live_catalog import served as service_catalog
+from genrec.live_catalog.compaction import (
+    COMPACT_MAX_ITEMS,
+    COMPACT_MIN_ITEMS,
+    compaction_threshold,
+)
+from genrec.live_catalog.log import FoldPolicy, read_state
+from genrec.live_catalog.log_format import CatalogLogError, LogRecord
+from genrec.live_catalog.served import ServiceCatalog
+from genrec.live_catalog.state import CatalogState
 
 REQUESTS = [RecommendRequest([3, 17, 8]), RecommendRequest([5, 6], exclude=[0, 1, 2]),
             RecommendRequest([20], allow=[4, 9, 30, 31, N_ITEMS, N_ITEMS + 2])]

@@ -10,7 +10,7 @@ from serving_support import N_ITEMS, SIZES, EngineRanker, tiny_engine
 
 from genrec import BeamParams, Engine, RecommendRequest
 from genrec.engine.retrieval import exhaustive_top
-from genrec.serving.catalog import ServiceCatalog
+from genrec.live_catalog.served import ServiceCatalog
 
 REQUESTS = [RecommendRequest([3, 17, 8]), RecommendRequest([1], [0.5] * 5),
             RecommendRequest([5, 6, 7], exclude=[0, 1, 2]),

@@ -21,12 +21,12 @@ updated and not the other. The generative state can be built before, off that th
 it in, unless another state was installed meanwhile (then it is rebuilt there).
 
 The generative catalog is a base plus a delta of the changes since its last compaction
-(:mod:`genrec.engine.catalog_state`); once the delta is large enough, an update starts a
-background compaction (:mod:`genrec.serving.compaction`), installed under the same lock
+(:mod:`genrec.live_catalog.state`); once the delta is large enough, an update starts a
+background compaction (:mod:`genrec.live_catalog.compaction`), installed under the same lock
 without changing the version.
 
 Durability (:meth:`ServiceCatalog.from_dir`): an update is validated and its generative state
-built, then its record appended and fsynced (:mod:`genrec.serving.catalog_log`), then the
+built, then its record appended and fsynced (:mod:`genrec.live_catalog.log`), then the
 ranker's updater runs and the generative state is installed: what is acknowledged is on disk,
 nothing is seen before. The ranker's updater validates as it runs: when it refuses, the record
 is cut off again (no record of a refused update stays); should the process die in between (no
@@ -35,7 +35,7 @@ input and table only) at the log's tail and drops the record. With a log each up
 exactly the next version.
 
 Several processes can serve one state directory (``from_dir(..., follow=True)``; see
-:mod:`genrec.serving.catalog_follow`): each applies what the others log
+:mod:`genrec.live_catalog.follow`): each applies what the others log
 (:meth:`ServiceCatalog.catch_up`, between batches, on the path of a local update), and an
 update holds the directory's lock from its catch-up to the log's end to its append, so the
 log is the one order of everyone's updates and every version is the log's.
@@ -52,18 +52,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genrec.catalog.id_map import IdMap
-from genrec.serving.catalog_base import CatalogBase, install_base, install_updates, ranker_part
-from genrec.serving.catalog_follow import LogFollower, LogTail, StoredCatalog, read_followed
-from genrec.serving.catalog_ids import RowUpdate, logged_rows, model_ids, to_rows
-from genrec.serving.catalog_items import SemanticIds, check_items, split_items
-from genrec.serving.catalog_log import CatalogLog, FoldPolicy
-from genrec.serving.catalog_log_format import CatalogLogError, LogRecord
-from genrec.serving.compaction import CatalogStats, Compactor, LogFolder
+from genrec.live_catalog.base import CatalogBase, install_base, install_updates, ranker_part
+from genrec.live_catalog.compaction import CatalogStats, Compactor, LogFolder
+from genrec.live_catalog.follow import LogFollower, LogTail, StoredCatalog, read_followed
+from genrec.live_catalog.ids import RowUpdate, logged_rows, model_ids, to_rows
+from genrec.live_catalog.items import SemanticIds, check_items, split_items
+from genrec.live_catalog.log import CatalogLog, FoldPolicy
+from genrec.live_catalog.log_format import CatalogLogError, LogRecord
 
 if TYPE_CHECKING:
-    from genrec.engine import Engine
-    from genrec.engine.catalog_state import CatalogState
-    from genrec.serving.backends import CatalogUpdater
+    from genrec.live_catalog.host import CatalogHost, CatalogUpdater
+    from genrec.live_catalog.state import CatalogState
 
 GENERATIVE, RANKER = "generative", "ranker"
 
@@ -102,14 +101,14 @@ class ServiceCatalog:
     DuoLM ranker it equals the ranker table's version as long as every update touches it).
 
     ``compact_threshold``: delta items of the generative catalog that start a background
-    compaction (``None``: :func:`~genrec.serving.compaction.compaction_threshold` of the
+    compaction (``None``: :func:`~genrec.live_catalog.compaction.compaction_threshold` of the
     catalog size; 0: never compact). ``log``: the durable log every update is appended to
     (its version must be ``version``; ``None``: updates live in memory only; see
     :meth:`from_dir`). ``ids``: the table's ids of the catalogs as loaded (default
-    :func:`~genrec.serving.catalog_ids.model_ids` of the engine); :attr:`ids` is the map of
+    :func:`~genrec.live_catalog.ids.model_ids` of the engine); :attr:`ids` is the map of
     the catalog served, installed with each update's state."""
 
-    def __init__(self, engine: Engine, ranker_updater: CatalogUpdater | None = None,
+    def __init__(self, engine: CatalogHost, ranker_updater: CatalogUpdater | None = None,
                  version: int = 0, compact_threshold: int | None = None,
                  log: CatalogLog | None = None, ids: IdMap | None = None) -> None:
         self.engine, self.ranker_updater = engine, ranker_updater
@@ -126,7 +125,7 @@ class ServiceCatalog:
             self._attach(log)
 
     @classmethod
-    def from_dir(cls, engine: Engine, ranker_updater: CatalogUpdater | None,
+    def from_dir(cls, engine: CatalogHost, ranker_updater: CatalogUpdater | None,
                  state_dir: str | Path, version: int = 0, compact_threshold: int | None = None,
                  fold: FoldPolicy | None = None, writable: bool = True,
                  follow: bool = False, ids: IdMap | None = None) -> ServiceCatalog:
@@ -240,12 +239,12 @@ class ServiceCatalog:
         return ranker_part(item) is not None
 
     def split(self, items: list[dict[str, Any]]) -> tuple[SemanticIds, list[dict[str, Any]]]:
-        """:func:`~genrec.serving.catalog_items.split_items`."""
+        """:func:`~genrec.live_catalog.items.split_items`."""
         return split_items(items)
 
     def check(self, items: list[dict[str, Any]]) -> None:
         """What this server cannot do at all (``LookupError`` naming the field):
-        :func:`~genrec.serving.catalog_items.check_items`."""
+        :func:`~genrec.live_catalog.items.check_items`."""
         check_items(items, self.generative, self.ranker_updater is not None)
 
     def upsert(self, items: list[dict[str, Any]]) -> CatalogChange:
