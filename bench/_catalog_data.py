@@ -16,8 +16,8 @@ from genrec import (
 )
 from genrec.catalog.semantic_ids import group_counter, mixed_radix_key
 from genrec.engine import RowRequest  # noqa: E402
-from genrec.engine.catalog_state import CatalogState
 from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID
+from genrec.live_catalog.state import CatalogState
 from genrec.model import ModelConfig, build_model
 
 LEVELS, CODES, HISTORY = 3, 256, 20

@@ -12,7 +12,7 @@ batching. Client and server share the machine's cores.
 
 Quick run: ``python bench/serve.py --duration 3``. ``--overlap compare``: the server without,
 then with overlap scheduling (batch k+1 packed while batch k runs), side by side. With a ranker:
-``python bench/serve.py --ranker RANKER_DIR --catalog STORE_DIR``.
+``python bench/serve.py --ranker RANKER_DIR --item-store STORE_DIR``.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def start_server(args: argparse.Namespace, model: Path, port: int,
            str(args.max_wait_ms), "--threads", str(args.threads), "--log-level", "warning",
            "--max-queue", "4096"]
     if args.ranker:
-        cmd += ["--ranker", args.ranker, "--catalog", args.catalog]
+        cmd += ["--ranker", args.ranker, "--item-store", args.item_store]
     if args.engine_process:
         cmd.append("--engine-process")
     if overlap != "default":
@@ -177,7 +177,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default=None, help="a generative checkpoint (default: random)")
     p.add_argument("--ranker", default=None, help="DuoLM ranker: also bench /v1/rank")
-    p.add_argument("--catalog", default=None, help="the ranker's item store")
+    p.add_argument("--item-store", default=None, help="the ranker's item store")
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--duration", type=float, default=10.0, help="seconds per setting")
     p.add_argument("--items", type=int, default=2000, help="random catalog size")
@@ -205,8 +205,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.ranker and not args.catalog:
-        raise SystemExit("--ranker needs --catalog STORE")
+    if args.ranker and not args.item_store:
+        raise SystemExit("--ranker needs --item-store STORE")
     torch.set_num_threads(args.threads)
     levels = [int(x) for x in args.concurrency.split(",")]
     work = Path(tempfile.mkdtemp(prefix="genrec-serve-bench-"))
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ranker:
         from genrec.serving.backends import RankRequest, load_ranker
 
-        ranker = load_ranker(args.ranker, args.catalog)
+        ranker = load_ranker(args.ranker, args.item_store)
         r_items = ranker.table.num_items if hasattr(ranker, "table") else n_items
         rank_reqs = [RankRequest(h[:args.history], torch.randint(0, r_items, (args.candidates,),
                                  generator=g).tolist()) for h in

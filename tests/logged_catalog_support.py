@@ -14,9 +14,9 @@ from genrec import BeamParams, Engine
 from genrec.catalog.item_table import ItemTable
 from genrec.duolm.ranker import DuoRanker
 from genrec.engine import RowRequest
+from genrec.live_catalog.log import read_state
+from genrec.live_catalog.served import ServiceCatalog
 from genrec.serving.backends import RankerCatalogUpdater
-from genrec.serving.catalog import ServiceCatalog
-from genrec.serving.catalog_log import read_state
 
 
 def free_sids(engine: Engine, n: int) -> list[list[int]]:

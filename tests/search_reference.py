@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from genrec.engine import Engine, RowRequest, ScoreParams
-from genrec.engine.catalog_state import CatalogState
+from genrec.live_catalog.state import CatalogState
 
 
 def exhaustive_top(

@@ -6,7 +6,7 @@ durability test (not a test module).
 
 Serves a tiny random model over :data:`N_ITEMS` items (:func:`durable_engine`) on
 127.0.0.1:PORT until killed. Catalog updates (``PUT`` / ``DELETE /v1/catalog/items``) go to a
-:class:`~genrec.serving.catalog.ServiceCatalog` kept in STATE_DIR (replayed on start; a fold
+:class:`~genrec.live_catalog.served.ServiceCatalog` kept in STATE_DIR (replayed on start; a fold
 every :data:`FOLD_RECORDS` records, a compaction every :data:`COMPACT_ITEMS` delta items).
 
 ``--fork``: import once, then serve each ``start STATE_DIR PORT`` line of stdin from a forked
@@ -48,9 +48,9 @@ def durable_engine() -> Engine:
 
 def serve(state_dir: str, port: int) -> None:
     """Serve the model with its catalog in ``state_dir`` on loopback ``port``, until killed."""
+    from genrec.live_catalog.log import FoldPolicy
+    from genrec.live_catalog.served import ServiceCatalog
     from genrec.serving import ServeConfig, create_app, run_server
-    from genrec.serving.catalog import ServiceCatalog
-    from genrec.serving.catalog_log import FoldPolicy
 
     torch.set_num_threads(1)
     engine = durable_engine()
@@ -62,8 +62,8 @@ def serve(state_dir: str, port: int) -> None:
 
 def serve_forked() -> None:
     """The ``--fork`` loop (see the module docstring)."""
+    import genrec.live_catalog.served  # noqa: F401
     import genrec.serving  # noqa: F401 - the server's imports, once, before any fork
-    import genrec.serving.catalog  # noqa: F401
 
     alive: set[int] = set()
     for line in sys.stdin:

@@ -25,7 +25,7 @@ from genrec.catalog.item_table import ItemTable
 from genrec.duolm.prompts import SOFT_ID, STUDENT_VOCAB_SIZE
 from genrec.duolm.ranker import DuoRanker
 from genrec.engine import Engine, EngineConfig
-from genrec.engine.catalog_state import CatalogState
+from genrec.live_catalog.state import CatalogState
 from genrec.model import build_model
 from genrec.serving import ServeConfig, create_app, run_server
 from genrec.serving.auth import keys_from_env

@@ -39,7 +39,7 @@ def test_teacher_student_store_eval(tmp_path: Path) -> None:
     snap = load_store(store)
     assert current_version(store) == 2 and snap.vectors.shape == (40, 2, 16)
 
-    out = invoke("eval", "--model", student, "--teacher", teacher, "--store", store,
+    out = invoke("eval", "--model", student, "--teacher", teacher, "--item-store", store,
                  "--data", data, "--negatives", "9", "--users", "12", "--json",
                  tmp_path / "m.json", "--no-progress", "--device", "cpu")
     assert "student / teacher NDCG@10" in out
@@ -47,7 +47,7 @@ def test_teacher_student_store_eval(tmp_path: Path) -> None:
     for name in ("student", "teacher"):
         assert {"ndcg@10", "recall@10", "mrr", "users"} <= set(metrics[name])
         assert metrics[name]["users"] == 12
-    # without --store the catalog is encoded on the spot: the same table, the same metrics
+    # without --item-store the catalog is encoded on the spot: the same table, the same metrics
     invoke("eval", "--model", student, "--data", data, "--negatives", "9", "--users", "12",
            "--json", tmp_path / "m2.json", "--no-progress", "--device", "cpu")
     again = json.loads((tmp_path / "m2.json").read_text())["student"]

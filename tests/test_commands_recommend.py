@@ -99,7 +99,7 @@ def test_users_file_and_history(trained: tuple[Path, Path, dict], tmp_path: Path
 @pytest.mark.parametrize(("args", "message"), [
     (["--users", "USERS"], "2 user ids not in the dataset: 'user-99', 'nobody'"),
     (["--n", "30", "--beam-width", "10"], "n (30) must not exceed beam_width (10)"),
-    (["--store", "x"], "--store goes with --ranker"),
+    (["--item-store", "x"], "--item-store goes with --ranker"),
     (["--ranker", "MODEL"], "not a DuoLM student"),
 ])
 def test_errors_are_named(trained: tuple[Path, Path, dict], tmp_path: Path, args: list[str],
@@ -139,7 +139,7 @@ def test_ranker_reranks_the_beam(trained: tuple[Path, Path, dict], tmp_path: Pat
     invoke("encode-catalog", "--model", student, "--data", data, "--out", tmp_path / "store",
            "--no-progress", "--device", "cpu")
     invoke("recommend", "--model", run, "--data", data, "--out", stored, "--n", "3",
-           "--beam-width", "8", "--ranker", student, "--store", tmp_path / "store", *JOB)
+           "--beam-width", "8", "--ranker", student, "--item-store", tmp_path / "store", *JOB)
     ds = load_json_dataset(data)
     ranker = load_student(student / "best", None, ds, False, "cpu")
     for beam, line, again in zip(read_lines(plain), read_lines(ranked), read_lines(stored),

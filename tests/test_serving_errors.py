@@ -180,7 +180,7 @@ def test_genrec_serve_drains_on_sigterm(tmp_path, engine: Engine) -> None:  # no
 def test_loaders_explain_what_is_missing(tmp_path) -> None:  # noqa: ANN001
     from genrec.serving.backends import RankerCatalogUpdater, load_catalog_updater, load_ranker
 
-    with pytest.raises(RuntimeError, match="--catalog"):
+    with pytest.raises(RuntimeError, match="--item-store"):
         load_ranker(tmp_path, None)
     with pytest.raises(RuntimeError, match="need a --ranker"):
         load_catalog_updater(tmp_path, None)

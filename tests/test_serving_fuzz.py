@@ -40,11 +40,11 @@ from serving_fuzz_strategies import Call, calls
 from serving_support import N_ITEMS, error_message, is_ready, tiny_engine, wait_until
 
 from genrec.catalog.id_map import IdMap
-from genrec.engine.catalog_state import CatalogState
+from genrec.live_catalog.ids import to_rows
+from genrec.live_catalog.served import ServiceCatalog
+from genrec.live_catalog.state import CatalogState
 from genrec.serving import BackgroundServer, create_app
 from genrec.serving.backends import RankerCatalogUpdater
-from genrec.serving.catalog import ServiceCatalog
-from genrec.serving.catalog_ids import to_rows
 from genrec.serving.server import free_port
 
 settings.register_profile(

@@ -26,7 +26,7 @@ from genrec.catalog.item_table import ItemTable
 from genrec.duolm.prompts import SOFT_ID, STUDENT_VOCAB_SIZE, YES_ID
 from genrec.duolm.ranker import DuoRanker, RankRequest, rank_requests
 from genrec.engine import RowRequest
-from genrec.engine.catalog_state import CatalogState
+from genrec.live_catalog.state import CatalogState
 from genrec.model.registry import build_model
 from genrec.serving import BackgroundServer, ServeConfig, create_app
 from genrec.serving.backends import RankerCatalogUpdater

@@ -23,8 +23,8 @@ import httpx
 from serving_support import N_ITEMS, RECOMMEND, is_ready, post, rows, wait_until
 
 from genrec import Engine
+from genrec.live_catalog.follow import read_state
 from genrec.model import save_model
-from genrec.serving.catalog_follow import read_state
 from genrec.serving.server import free_port
 
 WIDE = {"history": [3, 17, 8], "beam_width": N_ITEMS, "n": N_ITEMS}  # every live item

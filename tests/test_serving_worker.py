@@ -14,9 +14,9 @@ from serving_support import N_ITEMS, EngineRanker, Updater, tiny_engine
 
 from genrec import BeamParams, Engine, ScoreParams, ScoreRequest
 from genrec.engine import RowRequest
+from genrec.live_catalog.compaction import CatalogStats
+from genrec.live_catalog.served import CatalogChange
 from genrec.serving import RankRequest, Worker
-from genrec.serving.catalog import CatalogChange
-from genrec.serving.compaction import CatalogStats
 from genrec.serving.messages import (
     Batch,
     CatalogOp,

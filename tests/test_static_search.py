@@ -9,9 +9,9 @@ import torch
 from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.engine import RowRequest
-from genrec.engine.catalog_state import CatalogState
 from genrec.engine.static_search import MIN_CAPACITY, grown
 from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
+from genrec.live_catalog.state import CatalogState
 from genrec.model import ModelConfig, build_model
 
 SIZES = [6, 5, 4]

@@ -49,6 +49,7 @@ def eval_command(
     teacher: Annotated[Path | None, typer.Option(help="Ranker models: also evaluate this "
                                                       "DuoLM teacher, side by side.")] = None,
     store: Annotated[Path | None, typer.Option(
+        "--item-store",
         help="Ranker models: item store of the student (default: encode the catalog).")] = None,
     negatives: Annotated[int, typer.Option(min=0, help="Ranker models: sampled negatives per "
                                                        "user (0: the full catalog).")] = 99,

@@ -52,6 +52,7 @@ def recommend_command(
         help="DuoLM student: rerank each user's --beam-width items, keep its best --n.")
     ] = None,
     store: Annotated[Path | None, typer.Option(
+        "--item-store",
         help="Item store of --ranker (default: encode the table's items now).")] = None,
     batch_size: Annotated[int, typer.Option(min=1, help="Users per beam search.")] = 128,
     device: DeviceOpt = "auto", threads: ThreadsOpt = None, progress: bool = True,
@@ -63,7 +64,7 @@ def recommend_command(
     from genrec.jobs.recommend import BatchParams, recommend_users, write_recommendations
 
     if store is not None and ranker is None:
-        raise typer.BadParameter("--store goes with --ranker")
+        raise typer.BadParameter("--item-store goes with --ranker")
     params = BatchParams(n=n, beam_width=beam_width, batch_size=batch_size,
                          include_history=include_history)
     try:
@@ -113,7 +114,7 @@ def load_rerank(path: Path, store: Path | None, ds: Dataset, progress: bool,
         raise ValueError(f"--ranker {path}: not a DuoLM student")
     student = load_student(folder, store, ds, progress, device)
     if student.item_ids != list(ds.item_ids):
-        raise ValueError("--store: its item ids differ from the dataset's (built for another "
+        raise ValueError("--item-store: its item ids differ from the dataset's (built for another "
                          "catalog?)")
     if student.engine.model.config.user_dim:
         raise ValueError(f"--ranker {path}: a ranker with a soft token (user vectors) is not "

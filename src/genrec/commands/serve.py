@@ -38,8 +38,8 @@ def serve(
     ensemble: Annotated[list[Path] | None, typer.Option(
         help="Another generative model over --model's index: /v1/recommend ranks by the "
              "mean log-probability of all of them (repeat for more).")] = None,
-    catalog: Annotated[Path | None, typer.Option(help="Item store of the ranker: enables "
-                                                      "/v1/catalog/items.")] = None,
+    item_store: Annotated[Path | None, typer.Option(
+        "--item-store", help="Item store of the ranker: enables /v1/catalog/items.")] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8000,
     max_batch_size: Annotated[int, typer.Option(min=1, help="Requests per engine batch.")] = 32,
@@ -126,7 +126,7 @@ def serve(
                          model_name=served_model_name or given.expanduser().absolute().name,
                          engine_process=engine_process, overlap=overlap, api_key=api_key,
                          admin_key=admin_key, catalog_state=state_dir)
-    spec = AppSpec.of(model, ranker, catalog, tokenizer, device=device, dtype=dtype,
+    spec = AppSpec.of(model, ranker, item_store, tokenizer, device=device, dtype=dtype,
                       threads=threads, config=config, ensemble=tuple(ensemble or ()))
     if ray:
         _serve_ray(spec, replicas, host, port)

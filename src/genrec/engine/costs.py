@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from genrec.engine.catalog_state import CatalogState
 from genrec.engine.search_buffers import SearchBuffers, prefix_bucket
+from genrec.live_catalog.state import CatalogState
 from genrec.model.config import ModelConfig
 
 FP32 = 4

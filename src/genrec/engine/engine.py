@@ -19,7 +19,6 @@ from genrec.engine.batch import (
     token_groups,
 )
 from genrec.engine.beam_runner import RunnerPool, runner_config
-from genrec.engine.catalog_state import CatalogState
 from genrec.engine.chunked import forward_chunked
 from genrec.engine.inputs import InputError, Part, build_input_embeds
 from genrec.engine.item_ranking import rank_with_head
@@ -45,6 +44,7 @@ from genrec.engine.score_runner import ScoreRunnerPool
 from genrec.engine.scoring import PreparedScore, read_scores
 from genrec.generative.vocab import SidVocab
 from genrec.kernels import cascade_attention_op
+from genrec.live_catalog.state import CatalogState
 from genrec.model.checkpoint import load_model
 from genrec.model.decoder import DecoderLM
 from genrec.utils.allocator import keep_freed_memory

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 import torch
 
-from genrec.engine.catalog_state import CatalogState
 from genrec.engine.engine import Engine
 from genrec.engine.item_ranking import head_log_probs, sid_logprobs, with_head
 from genrec.engine.params import (
@@ -38,6 +37,7 @@ from genrec.engine.params import (
 )
 from genrec.engine.retrieval import PreparedSearch, prompts_of
 from genrec.generative.vocab import SidVocab
+from genrec.live_catalog.state import CatalogState
 
 
 @dataclass

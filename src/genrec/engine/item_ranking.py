@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 import torch
 
 from genrec.engine.batch import PackedBatch
-from genrec.engine.catalog_state import CatalogState
 from genrec.engine.params import (
     RowRecommendation,
     RowRequest,
@@ -23,6 +22,7 @@ from genrec.engine.params import (
     ScoreRequest,
 )
 from genrec.engine.retrieval import PreparedSearch, prompts_of
+from genrec.live_catalog.state import CatalogState
 from genrec.model.decoder import DecoderLM
 from genrec.model.item_head import combine, pick, prompt_hidden
 

@@ -12,7 +12,6 @@ import functools
 from collections.abc import Sequence
 
 from genrec.catalog.id_map import IdMap
-from genrec.engine.catalog_state import CatalogState
 from genrec.engine.inputs import InputError
 from genrec.engine.params import (
     Recommendation,
@@ -20,6 +19,7 @@ from genrec.engine.params import (
     RowRecommendation,
     RowRequest,
 )
+from genrec.live_catalog.state import CatalogState
 
 
 def catalog_ids(catalog: CatalogState) -> IdMap:

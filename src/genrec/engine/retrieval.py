@@ -17,9 +17,9 @@ import torch
 from genrec.catalog.filters import PartFilter
 from genrec.engine.batch import PackedBatch, RequestLimits, pack_requests
 from genrec.engine.beam_runner import RunnerPool
-from genrec.engine.catalog_state import CatalogState
 from genrec.engine.inputs import InputError
 from genrec.engine.params import BeamParams, RowRecommendation, RowRequest
+from genrec.live_catalog.state import CatalogState
 
 
 @dataclass

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from genrec.live_catalog.host import CatalogUpdater
+
 if TYPE_CHECKING:
     import torch
 
@@ -40,16 +42,6 @@ class Ranker(Protocol):
     def rank(self, requests: Sequence[RankRequest]) -> list[torch.Tensor]: ...
 
 
-@runtime_checkable
-class CatalogUpdater(Protocol):
-    """Changes the served catalog; both methods return the new catalog version and raise
-    ``ValueError`` naming the field for bad input."""
-
-    def upsert(self, items: list[dict[str, Any]]) -> int: ...
-
-    def retire(self, item_ids: list[int]) -> int: ...
-
-
 def load_ranker(path: str | Path, store: str | Path | None, device: str = "cpu",
                 dtype: str | None = None) -> Ranker:
     """The DuoLM student ranker in ``path`` over the item store ``store``
@@ -63,7 +55,7 @@ def load_ranker(path: str | Path, store: str | Path | None, device: str = "cpu",
         raise RuntimeError(f"--ranker needs genrec.duolm.ranker.DuoRanker, which cannot be "
                            f"imported yet ({err})") from err
     if store is None:
-        raise RuntimeError("--ranker needs --catalog STORE: the item store the ranker reads")
+        raise RuntimeError("--ranker needs --item-store STORE: the item store the ranker reads")
     return DuoRanker.from_pretrained(path, store, device=device, dtype=dtype)
 
 
@@ -78,7 +70,7 @@ class RankerCatalogUpdater:
     def __init__(self, ranker: Any) -> None:
         for name in ("update", "upsert_texts"):
             if not callable(getattr(ranker, name, None)):
-                raise RuntimeError(f"--catalog: the ranker has no {name}() to update it with")
+                raise RuntimeError(f"--item-store: the ranker has no {name}() to update it with")
         self.ranker = ranker
 
     def upsert(self, items: list[dict[str, Any]]) -> int:
@@ -114,10 +106,10 @@ def load_catalog_updater(store: str | Path, ranker: Ranker | None) -> CatalogUpd
     try:
         import genrec.duolm  # noqa: F401  # type: ignore[import-not-found]
     except ImportError as err:
-        raise RuntimeError(f"--catalog needs genrec.duolm, which cannot be imported yet "
+        raise RuntimeError(f"--item-store needs genrec.duolm, which cannot be imported yet "
                            f"({err})") from err
     if ranker is None:
-        raise RuntimeError(f"--catalog {store}: catalog updates need a --ranker to update")
+        raise RuntimeError(f"--item-store {store}: catalog updates need a --ranker to update")
     if isinstance(ranker, CatalogUpdater):
         return ranker
     return RankerCatalogUpdater(ranker)

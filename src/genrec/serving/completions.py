@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import torch
 
-from genrec.engine.catalog_state import CatalogState
+from genrec.live_catalog.state import CatalogState
 
 _SID_TOKEN = re.compile(r"<([a-z])_(\d+)>")
 

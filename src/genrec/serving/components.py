@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from genrec.serving.catalog import ServiceCatalog
-from genrec.serving.catalog_ids import model_ids
+from genrec.live_catalog.ids import model_ids
+from genrec.live_catalog.served import ServiceCatalog
 from genrec.serving.spec import AppSpec, ServeConfig
 from genrec.serving.worker import Worker, initial_version
 from genrec.utils.device import resolve_device

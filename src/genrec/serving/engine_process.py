@@ -18,9 +18,9 @@ the local worker (an update prepared in this process is sent as its plain
 update is deterministic; a mismatch is reported as an error).
 
 The child's generative catalog compacts itself in the background (the engine that searches
-lives there; :mod:`genrec.serving.compaction`); so does the server's copy, independently (a
+lives there; :mod:`genrec.live_catalog.compaction`); so does the server's copy, independently (a
 compaction changes no version, so the mirroring is unaffected). Every reply carries the
-child's :class:`~genrec.serving.compaction.CatalogStats`, which the server's ``/metrics``
+child's :class:`~genrec.live_catalog.compaction.CatalogStats`, which the server's ``/metrics``
 reports.
 
 Errors: a ``ValueError`` in the child (bad input) comes back as ``ValueError`` with the same
@@ -39,8 +39,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from genrec.catalog.id_map import IdMap
-from genrec.serving.catalog import PreparedUpdate
-from genrec.serving.compaction import CatalogStats, CompactionEvent
+from genrec.live_catalog.compaction import CatalogStats, CompactionEvent
+from genrec.live_catalog.served import PreparedUpdate
 from genrec.serving.messages import Batch, CatalogOp, CatalogUpdate, Message, Reply
 from genrec.serving.worker import Worker
 

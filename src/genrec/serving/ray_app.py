@@ -10,7 +10,7 @@ replicas; every answer carries ``X-Genrec-Replica``, the id of the replica that 
 
 Per replica: ``/metrics`` (a scrape through the proxy reaches one replica). Shared: the
 catalog, through its state directory (``ServeConfig.catalog_state``): every replica replays
-it on start and follows its log (:mod:`genrec.serving.catalog_follow`), so an update taken by
+it on start and follows its log (:mod:`genrec.live_catalog.follow`), so an update taken by
 any replica reaches all of them in the log's order, and ``min_catalog_version`` reads a write
 on whichever replica answers. Without a state directory (``--volatile-catalog``) each replica
 would hold its own catalog: catalog updates are then refused with 400 when there is more than

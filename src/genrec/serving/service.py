@@ -23,11 +23,11 @@ import torch
 from genrec.catalog.assign import IdAssigner, assign_upserts
 from genrec.catalog.id_map import item_keys
 from genrec.engine import RowRequest, ScoreRequest
-from genrec.engine.catalog_state import CatalogState
+from genrec.live_catalog.served import CatalogChange, PreparedUpdate, ServiceCatalog
+from genrec.live_catalog.state import CatalogState
 from genrec.serving import schemas as S
 from genrec.serving.admission import Admission
 from genrec.serving.backends import RankRequest
-from genrec.serving.catalog import CatalogChange, PreparedUpdate, ServiceCatalog
 from genrec.serving.completions import item_text, parse_prompt
 from genrec.serving.messages import CatalogOp, CatalogUpdate, RankBatch, RecommendBatch, ScoreBatch
 from genrec.serving.scheduler import BatchScheduler
@@ -349,7 +349,7 @@ class Service:
 
     async def update_catalog(self, op: str, payload: list, deadline_ms: float | None) -> dict:
         """``op`` 'upsert' (item dicts) or 'retire' (item ids), all or nothing over the
-        generative catalog and the ranker's (see :mod:`genrec.serving.catalog`), run on the
+        generative catalog and the ranker's (see :mod:`genrec.live_catalog.served`), run on the
         engine's worker thread between batches, so no batch sees a half-updated catalog.
 
         Upsert items with a ``semantic_id`` join the generative catalog; items without one, or

@@ -5,7 +5,7 @@ The batch scheduler's runner is :meth:`Worker.run` (or the same method of an eng
 proxy, :class:`~genrec.serving.engine_process.EngineProcess`): it is called on the
 scheduler's worker thread only, so a catalog update never runs during a batch and each batch
 reads one catalog version. A catalog that follows a shared state directory
-(:mod:`genrec.serving.catalog_follow`) is caught up under the same rule: a poller thread
+(:mod:`genrec.live_catalog.follow`) is caught up under the same rule: a poller thread
 notices the log grew; the catch-up runs before the next batch, or at once when no batch runs
 (:meth:`Worker.sync`).
 """
@@ -30,11 +30,11 @@ from genrec.engine import (
     ScoreRequest,
 )
 from genrec.engine.ensemble import Ensemble
+from genrec.live_catalog.compaction import CatalogStats
+from genrec.live_catalog.follow import POLL_S, LogPoller
+from genrec.live_catalog.ids import model_ids
+from genrec.live_catalog.served import CatalogChange, PreparedUpdate, ServiceCatalog
 from genrec.serving.backends import CatalogUpdater, Ranker, RankRequest
-from genrec.serving.catalog import CatalogChange, PreparedUpdate, ServiceCatalog
-from genrec.serving.catalog_follow import POLL_S, LogPoller
-from genrec.serving.catalog_ids import model_ids
-from genrec.serving.compaction import CatalogStats
 from genrec.serving.messages import (
     CatalogOp,
     CatalogUpdate,
@@ -110,10 +110,10 @@ def initial_version(engine: Engine, ranker: Ranker | None) -> int:
 
 class Worker:
     """The engine, an optional ranker and the served catalog (a
-    :class:`~genrec.serving.catalog.ServiceCatalog` over the engine's generative catalog and
+    :class:`~genrec.live_catalog.served.ServiceCatalog` over the engine's generative catalog and
     the optional ``catalog_updater``; ``None`` when there is nothing to update).
 
-    ``compact_threshold``: see :class:`~genrec.serving.catalog.ServiceCatalog`. ``ensemble``:
+    ``compact_threshold``: see :class:`~genrec.live_catalog.served.ServiceCatalog`. ``ensemble``:
     recommend with it (its first member is ``engine``, whose catalog every member reads).
     """
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from genrec.serving.catalog_items import check_items, split_items
+from genrec.live_catalog.items import check_items, split_items
 
 
 def test_split_sends_semantic_ids_to_the_generative_catalog_and_the_rest_to_the_ranker() -> None:

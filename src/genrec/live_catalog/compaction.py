@@ -1,5 +1,5 @@
 """Background compaction of the served generative catalog, and background folds of its
-durable log (:class:`LogFolder`, see :mod:`genrec.serving.catalog_log`).
+durable log (:class:`LogFolder`, see :mod:`genrec.live_catalog.log`).
 
 A live update costs O(changes + delta) (:meth:`CatalogState.updated`): the delta's trie and
 dead-rank lists are rebuilt each time, so the delta must stay small. Once it holds
@@ -28,13 +28,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from genrec.engine.catalog_update import member
-from genrec.serving.catalog_base import GenerativeBase
+from genrec.live_catalog.base import GenerativeBase
+from genrec.live_catalog.delta import member
 
 if TYPE_CHECKING:
-    from genrec.engine import Engine
-    from genrec.engine.catalog_state import CatalogState
-    from genrec.serving.catalog_log import CatalogLog, LogMark
+    from genrec.live_catalog.host import CatalogHost
+    from genrec.live_catalog.log import CatalogLog, LogMark
+    from genrec.live_catalog.state import CatalogState
 
 log = logging.getLogger("genrec.serving")
 
@@ -146,7 +146,7 @@ class Compactor(BackgroundTask):
     (``None``: :func:`compaction_threshold` of the catalog size; 0: never). A compaction
     that finishes after :meth:`close` is not installed."""
 
-    def __init__(self, engine: Engine, lock: threading.Lock,
+    def __init__(self, engine: CatalogHost, lock: threading.Lock,
                  threshold: int | None = None) -> None:
         if threshold is not None and threshold < 0:
             raise ValueError(f"compact_threshold: must be >= 0, got {threshold}")

@@ -1,11 +1,11 @@
-"""Reading a catalog state directory (:mod:`genrec.serving.catalog_log`), once on start and
+"""Reading a catalog state directory (:mod:`genrec.live_catalog.log`), once on start and
 then as it grows: how several server processes agree on one catalog.
 
 Every process that serves a state directory replays it on start (:func:`read_dir`) and then
 follows its log (:class:`LogTail`): a :class:`LogPoller` thread looks at the log file every
 :data:`POLL_S` seconds (one ``stat``: its inode and size; nothing else when neither changed)
 and, when it grew, the served catalog reads the new records and applies them in order, on the
-path of a local update (:meth:`genrec.serving.catalog.ServiceCatalog.catch_up`). A write from
+path of a local update (:meth:`genrec.live_catalog.served.ServiceCatalog.catch_up`). A write from
 any process takes the directory's lock for the write only, catches up to the log's end, then
 appends: the log is the one order of the updates, its versions everyone's.
 
@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from genrec.serving.catalog_base import CatalogBase, base_files, read_base
-from genrec.serving.catalog_log_format import (
+from genrec.live_catalog.base import CatalogBase, base_files, read_base
+from genrec.live_catalog.log_format import (
     CatalogLogError,
     LogRecord,
     LogScan,

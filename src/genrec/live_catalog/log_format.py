@@ -1,4 +1,4 @@
-"""The record format of the catalog log (:mod:`genrec.serving.catalog_log`).
+"""The record format of the catalog log (:mod:`genrec.live_catalog.log`).
 
 A log file is a sequence of framed records: ``magic (4 bytes) | payload length (uint32 LE) |
 CRC32 of the payload (uint32 LE) | payload``, the payload ASCII JSON (so the magic, made of

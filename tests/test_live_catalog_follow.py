@@ -13,10 +13,10 @@ from pathlib import Path
 from logged_catalog_support import assert_same, reopened, stream
 from serving_support import tiny_engine, wait_until
 
-from genrec.serving.catalog import ServiceCatalog
-from genrec.serving.catalog_follow import LOG_FILE, read_state
-from genrec.serving.catalog_log import FoldPolicy
-from genrec.serving.catalog_log_format import frame
+from genrec.live_catalog.follow import LOG_FILE, read_state
+from genrec.live_catalog.log import FoldPolicy
+from genrec.live_catalog.log_format import frame
+from genrec.live_catalog.served import ServiceCatalog
 from genrec.serving.worker import Worker
 
 FOLD = FoldPolicy(records=5, bytes=0)

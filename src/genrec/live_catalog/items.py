@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from genrec.serving.catalog_base import ranker_part
+from genrec.live_catalog.base import ranker_part
 
 SemanticIds = list[tuple[int, list[int] | None]]
 

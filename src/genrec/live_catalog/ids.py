@@ -17,7 +17,7 @@ import numpy as np
 from genrec.catalog.id_map import IdMap, item_key
 
 if TYPE_CHECKING:
-    from genrec.engine import Engine
+    from genrec.live_catalog.host import CatalogHost
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class RowUpdate:
     ids: IdMap
 
 
-def model_ids(engine: Engine, ranker: Any = None) -> IdMap:
+def model_ids(engine: CatalogHost, ranker: Any = None) -> IdMap:
     """The ids of the catalog a server loads: its generative catalog's (the Semantic-ID
     index's ``item_ids``), else the ranker's (its ``item_ids``), else ``"0" .. "N-1"``."""
     state = engine.catalog

@@ -14,17 +14,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from genrec.serving import catalog_log
-from genrec.serving.catalog_base import (
+from genrec.live_catalog import log as catalog_log
+from genrec.live_catalog.base import (
     CatalogBase,
     GenerativeBase,
     base_files,
     fold_ranker,
     write_base,
 )
-from genrec.serving.catalog_follow import LOG_FILE, read_state
-from genrec.serving.catalog_log import CatalogLog, FoldPolicy
-from genrec.serving.catalog_log_format import FRAME, MAGIC, CatalogLogError, LogRecord, frame
+from genrec.live_catalog.follow import LOG_FILE, read_state
+from genrec.live_catalog.log import CatalogLog, FoldPolicy
+from genrec.live_catalog.log_format import FRAME, MAGIC, CatalogLogError, LogRecord, frame
 
 
 def updates(n: int, start: int = 1) -> list[LogRecord]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from genrec.serving.catalog_base import (
+from genrec.live_catalog.base import (
     CatalogBase,
     GenerativeBase,
     RankerItem,
@@ -19,7 +19,7 @@ from genrec.serving.catalog_base import (
     read_base,
     write_base,
 )
-from genrec.serving.catalog_log_format import CatalogLogError
+from genrec.live_catalog.log_format import CatalogLogError
 
 
 def test_ranker_net_changes_and_the_calls_that_replay_them() -> None:

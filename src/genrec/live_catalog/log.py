@@ -1,7 +1,7 @@
 """The served catalog on disk: an append-only log of update records
-(:mod:`genrec.serving.catalog_log_format`) beside a base snapshot
-(:mod:`genrec.serving.catalog_base`), in one state directory (see
-:meth:`genrec.serving.catalog.ServiceCatalog.from_dir`).
+(:mod:`genrec.live_catalog.log_format`) beside a base snapshot
+(:mod:`genrec.live_catalog.base`), in one state directory (see
+:meth:`genrec.live_catalog.served.ServiceCatalog.from_dir`).
 
 :meth:`CatalogLog.append` writes one record, flushes and fsyncs before returning: that is the
 acknowledgement point. On open, a torn tail (a crash mid-write) is cut off (the file truncated
@@ -16,7 +16,7 @@ then the log's records after it.
 
 One process writes a directory at a time: it holds the directory's lock file (``flock``)
 while the log is open, or, ``shared`` (several processes serving one directory, see
-:mod:`genrec.serving.catalog_follow`), only for each write (:meth:`CatalogLog.hold`): the
+:mod:`genrec.live_catalog.follow`), only for each write (:meth:`CatalogLog.hold`): the
 writer catches up to the log's end (:meth:`CatalogLog.adopt`, which also cuts off a torn tail
 a dead writer left), appends, and lets go; a fold then holds it from the base's write to the
 log's swap.
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from genrec.serving.catalog_base import (
+from genrec.live_catalog.base import (
     CatalogBase,
     GenerativeBase,
     base_files,
@@ -43,9 +43,9 @@ from genrec.serving.catalog_base import (
     sync_dir,
     write_base,
 )
-from genrec.serving.catalog_follow import LOG_FILE, StoredCatalog, TailState, read_dir
-from genrec.serving.catalog_follow import read_state as read_state  # with the log's names
-from genrec.serving.catalog_log_format import (
+from genrec.live_catalog.follow import LOG_FILE, StoredCatalog, TailState, read_dir
+from genrec.live_catalog.follow import read_state as read_state  # with the log's names
+from genrec.live_catalog.log_format import (
     FORMAT,
     OPS,
     CatalogLogError,

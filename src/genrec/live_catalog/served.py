@@ -21,12 +21,12 @@ updated and not the other. The generative state can be built before, off that th
 it in, unless another state was installed meanwhile (then it is rebuilt there).
 
 The generative catalog is a base plus a delta of the changes since its last compaction
-(:mod:`genrec.engine.catalog_state`); once the delta is large enough, an update starts a
-background compaction (:mod:`genrec.serving.compaction`), installed under the same lock
+(:mod:`genrec.live_catalog.state`); once the delta is large enough, an update starts a
+background compaction (:mod:`genrec.live_catalog.compaction`), installed under the same lock
 without changing the version.
 
 Durability (:meth:`ServiceCatalog.from_dir`): an update is validated and its generative state
-built, then its record appended and fsynced (:mod:`genrec.serving.catalog_log`), then the
+built, then its record appended and fsynced (:mod:`genrec.live_catalog.log`), then the
 ranker's updater runs and the generative state is installed: what is acknowledged is on disk,
 nothing is seen before. The ranker's updater validates as it runs: when it refuses, the record
 is cut off again (no record of a refused update stays); should the process die in between (no
@@ -35,7 +35,7 @@ input and table only) at the log's tail and drops the record. With a log each up
 exactly the next version.
 
 Several processes can serve one state directory (``from_dir(..., follow=True)``; see
-:mod:`genrec.serving.catalog_follow`): each applies what the others log
+:mod:`genrec.live_catalog.follow`): each applies what the others log
 (:meth:`ServiceCatalog.catch_up`, between batches, on the path of a local update), and an
 update holds the directory's lock from its catch-up to the log's end to its append, so the
 log is the one order of everyone's updates and every version is the log's.
@@ -52,18 +52,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from genrec.catalog.id_map import IdMap
-from genrec.serving.catalog_base import CatalogBase, install_base, install_updates, ranker_part
-from genrec.serving.catalog_follow import LogFollower, LogTail, StoredCatalog, read_followed
-from genrec.serving.catalog_ids import RowUpdate, logged_rows, model_ids, to_rows
-from genrec.serving.catalog_items import SemanticIds, check_items, split_items
-from genrec.serving.catalog_log import CatalogLog, FoldPolicy
-from genrec.serving.catalog_log_format import CatalogLogError, LogRecord
-from genrec.serving.compaction import CatalogStats, Compactor, LogFolder
+from genrec.live_catalog.base import CatalogBase, install_base, install_updates, ranker_part
+from genrec.live_catalog.compaction import CatalogStats, Compactor, LogFolder
+from genrec.live_catalog.follow import LogFollower, LogTail, StoredCatalog, read_followed
+from genrec.live_catalog.ids import RowUpdate, logged_rows, model_ids, to_rows
+from genrec.live_catalog.items import SemanticIds, check_items, split_items
+from genrec.live_catalog.log import CatalogLog, FoldPolicy
+from genrec.live_catalog.log_format import CatalogLogError, LogRecord
 
 if TYPE_CHECKING:
-    from genrec.engine import Engine
-    from genrec.engine.catalog_state import CatalogState
-    from genrec.serving.backends import CatalogUpdater
+    from genrec.live_catalog.host import CatalogHost, CatalogUpdater
+    from genrec.live_catalog.state import CatalogState
 
 GENERATIVE, RANKER = "generative", "ranker"
 
@@ -102,14 +101,14 @@ class ServiceCatalog:
     DuoLM ranker it equals the ranker table's version as long as every update touches it).
 
     ``compact_threshold``: delta items of the generative catalog that start a background
-    compaction (``None``: :func:`~genrec.serving.compaction.compaction_threshold` of the
+    compaction (``None``: :func:`~genrec.live_catalog.compaction.compaction_threshold` of the
     catalog size; 0: never compact). ``log``: the durable log every update is appended to
     (its version must be ``version``; ``None``: updates live in memory only; see
     :meth:`from_dir`). ``ids``: the table's ids of the catalogs as loaded (default
-    :func:`~genrec.serving.catalog_ids.model_ids` of the engine); :attr:`ids` is the map of
+    :func:`~genrec.live_catalog.ids.model_ids` of the engine); :attr:`ids` is the map of
     the catalog served, installed with each update's state."""
 
-    def __init__(self, engine: Engine, ranker_updater: CatalogUpdater | None = None,
+    def __init__(self, engine: CatalogHost, ranker_updater: CatalogUpdater | None = None,
                  version: int = 0, compact_threshold: int | None = None,
                  log: CatalogLog | None = None, ids: IdMap | None = None) -> None:
         self.engine, self.ranker_updater = engine, ranker_updater
@@ -126,7 +125,7 @@ class ServiceCatalog:
             self._attach(log)
 
     @classmethod
-    def from_dir(cls, engine: Engine, ranker_updater: CatalogUpdater | None,
+    def from_dir(cls, engine: CatalogHost, ranker_updater: CatalogUpdater | None,
                  state_dir: str | Path, version: int = 0, compact_threshold: int | None = None,
                  fold: FoldPolicy | None = None, writable: bool = True,
                  follow: bool = False, ids: IdMap | None = None) -> ServiceCatalog:
@@ -172,7 +171,8 @@ class ServiceCatalog:
     def _replay(self, stored: StoredCatalog, where: Path) -> bool:
         # all records but the last as one net change per catalog (a few calls however many
         # they are), then the last one alone: True when the ranker refused it (see above: it
-        # is to be dropped)
+        # is to be dropped). Each is installed from its rows under the lock, so a compaction
+        # the head started cannot swap the state between reading it and installing onto it.
         head, last = stored.records[:-1], stored.records[-1:]
         span = f"versions {stored.after + 1}..{stored.version}"
         try:
@@ -188,17 +188,22 @@ class ServiceCatalog:
                                     self.engine, self.ranker_updater, str(where))
                     self._version, self.ids = head[-1].version, ids
                     self.compactor.maybe_start()
-            prepared = [self._prepared(r.op, r.data, logged_rows(self.ids, r.data, r.ids))
-                        for r in last]
         except (LookupError, ValueError) as err:  # each was validated before it was logged
             raise CatalogLogError(f"{where}: {span} cannot be replayed here: {err}") from err
-        for record, update in zip(last, prepared, strict=True):
-            try:
-                self.apply(update)
-            except ValueError as err:  # the ranker's updater refused it: never acknowledged
-                logger.warning("%s: the last update (version %d), refused on replay, was never "
-                               "acknowledged: dropped (%s)", where, record.version, err)
-                return True
+        for record in last:
+            with self._lock:
+                try:
+                    rows, state = self._logged(record)
+                except (LookupError, ValueError) as err:
+                    raise CatalogLogError(f"{where}: {span} cannot be replayed here: "
+                                          f"{err}") from err
+                try:
+                    self._install_logged(record, rows, state)
+                except ValueError as err:  # the ranker's updater refused it: never acknowledged
+                    logger.warning("%s: the last update (version %d), refused on replay, was "
+                                   "never acknowledged: dropped (%s)", where, record.version,
+                                   err)
+                    return True
         return False
 
     @property
@@ -234,12 +239,12 @@ class ServiceCatalog:
         return ranker_part(item) is not None
 
     def split(self, items: list[dict[str, Any]]) -> tuple[SemanticIds, list[dict[str, Any]]]:
-        """:func:`~genrec.serving.catalog_items.split_items`."""
+        """:func:`~genrec.live_catalog.items.split_items`."""
         return split_items(items)
 
     def check(self, items: list[dict[str, Any]]) -> None:
         """What this server cannot do at all (``LookupError`` naming the field):
-        :func:`~genrec.serving.catalog_items.check_items`."""
+        :func:`~genrec.live_catalog.items.check_items`."""
         check_items(items, self.generative, self.ranker_updater is not None)
 
     def upsert(self, items: list[dict[str, Any]]) -> CatalogChange:
@@ -268,14 +273,18 @@ class ServiceCatalog:
         # off the engine's thread: its device work never overlaps a graph capture (the device
         # lock first, as compaction takes it before the catalog's)
         with self.engine.device_work():
-            return self._prepared(op, data, to_rows(self.ids, op, data, self.generative))
+            return self._prepared(op, data, self.ids)
 
-    def _prepared(self, op: str, data: list, rows: RowUpdate) -> PreparedUpdate:
-        # the next generative state of ``rows`` (the update in rows), built on the installed
-        # state; ``rows.ids`` must be built on the installed id map
-        base_ids, base = self.ids, self.engine.catalog
+    def _prepared(self, op: str, data: list, ids: IdMap, rows: RowUpdate | None = None
+                  ) -> PreparedUpdate:
+        # the update (``data`` in the table's ids) in rows of the id map ``ids`` (read once:
+        # the map the rows are built on is the one recorded), and its next generative state,
+        # built on the state installed now; ``rows``: the update already in rows of ``ids``
+        base = self.engine.catalog
+        if rows is None:
+            rows = to_rows(ids, op, data, self.generative)
         state, mine = self._generative(op, rows.data, base)
-        return PreparedUpdate(op, data, base, base_ids, rows, state, mine)
+        return PreparedUpdate(op, data, base, ids, rows, state, mine)
 
     def apply(self, update: PreparedUpdate | tuple[str, list]) -> CatalogChange:
         """Run an update (``(op, data)`` or :meth:`prepare`'s result) on both catalogs, all or
@@ -289,9 +298,10 @@ class ServiceCatalog:
         with self._lock, self._writing():
             if self.follower is not None and self.log is None:
                 return self._mirrored(op, data)
-            if not (isinstance(update, PreparedUpdate) and update.base is self.engine.catalog
-                    and update.base_ids is self.ids):  # built on another state: again
-                update = self._prepared(op, data, to_rows(self.ids, op, data, self.generative))
+            if not isinstance(update, PreparedUpdate) or update.base_ids is not self.ids:
+                update = self._prepared(op, data, self.ids)  # rows of another map: again
+            elif update.base is not self.engine.catalog:  # a compaction or an update since
+                update = self._prepared(op, data, self.ids, update.rows)  # the same rows
             rows, state = update.rows, update.state
             ranker_items = self._ranker_items(op, rows.data)
             version = self._version + 1
@@ -345,9 +355,19 @@ class ServiceCatalog:
     def install_logged(self, record: LogRecord) -> None:
         """Apply an update another process logged, as its ``record`` says (a follower; under
         the lock). Raises ``ValueError`` when these catalogs refuse it."""
-        rows = logged_rows(self.ids, record.data, record.ids)
         self._checked(record.op, record.data)
-        state, _ = self._generative(record.op, record.data, self.engine.catalog)
+        self._install_logged(record, *self._logged(record))
+
+    def _logged(self, record: LogRecord) -> tuple[RowUpdate, CatalogState | None]:
+        # a logged update onto the installed id map and state (under the lock): its rows and
+        # the next generative state (None: unchanged); raises as the update's checks do
+        rows = logged_rows(self.ids, record.data, record.ids)
+        return rows, self._generative(record.op, record.data, self.engine.catalog)[0]
+
+    def _install_logged(self, record: LogRecord, rows: RowUpdate,
+                        state: CatalogState | None) -> None:
+        # the ranker's part of a logged update, then both installed under its version (under
+        # the lock); ``ValueError``: the ranker's updater refused it, nothing installed
         reported = self._rank(record.op, record.data, self._ranker_items(record.op, record.data))
         self._commit(state, reported, record.version, rows.ids, fold=False)
 

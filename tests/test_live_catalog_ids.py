@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from genrec.catalog.id_map import IdMap
-from genrec.serving.catalog_ids import logged_rows, model_ids, to_rows
+from genrec.live_catalog.ids import logged_rows, model_ids, to_rows
 
 SERVER = Path(__file__).with_name("serving_durable_server.py")
 

@@ -1,5 +1,5 @@
 """The base snapshot of a catalog state directory (``base-<version>.pt``, see
-:mod:`genrec.serving.catalog_log`): the served catalog as of one version.
+:mod:`genrec.live_catalog.log`): the served catalog as of one version.
 
 A base holds the generative catalog as every item's codes (int16, or int32 where a code does
 not fit: 10M items of 4 levels are 80 MB) and the retired item ids, enough to rebuild the
@@ -24,12 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from genrec.serving.catalog_log_format import CatalogLogError
+from genrec.live_catalog.log_format import CatalogLogError
 from genrec.utils.atomic import atomic_write
 
 if TYPE_CHECKING:
-    from genrec.engine import Engine
-    from genrec.serving.backends import CatalogUpdater
+    from genrec.live_catalog.host import CatalogHost, CatalogUpdater
 
 BASE_FORMAT = 1
 BASE_NAME = re.compile(r"base-(\d+)\.pt")
@@ -187,7 +186,7 @@ def replay_ranker(net: Mapping[int, RankerItem], ranker_updater: CatalogUpdater 
             raise CatalogLogError(f"{where}: ranker items, and no ranker updater to take them")
 
 
-def install_base(base: CatalogBase, engine: Engine, ranker_updater: CatalogUpdater | None
+def install_base(base: CatalogBase, engine: CatalogHost, ranker_updater: CatalogUpdater | None
                  ) -> None:
     """Bring freshly loaded catalogs to ``base``: the engine's generative catalog replaced by
     the base's (same codebooks), the ranker's net changes replayed through its updater.
@@ -205,7 +204,7 @@ def install_base(base: CatalogBase, engine: Engine, ranker_updater: CatalogUpdat
     replay_ranker(base.ranker, ranker_updater, where)
 
 
-def install_updates(updates: list[tuple[str, list]], version: int, engine: Engine,
+def install_updates(updates: list[tuple[str, list]], version: int, engine: CatalogHost,
                     ranker_updater: CatalogUpdater | None, where: str) -> None:
     """Bring the catalogs forward by logged ``(op, data)`` updates as one net change each
     (:func:`net_generative`, :func:`fold_ranker`): a few calls however many updates there

@@ -11,7 +11,7 @@ from serving_support import N_ITEMS, SIZES, EngineRanker, tiny_engine
 
 from genrec import BeamParams, Engine
 from genrec.engine import RowRequest
-from genrec.serving.catalog import ServiceCatalog
+from genrec.live_catalog.served import ServiceCatalog
 
 REQUESTS = [RowRequest([3, 17, 8]), RowRequest([1], [0.5] * 5),
             RowRequest([5, 6, 7], exclude=[0, 1, 2]),

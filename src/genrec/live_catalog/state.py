@@ -1,8 +1,8 @@
 """The generative catalog an engine serves, as one immutable state: a *base* (the Semantic-ID
 vocabulary and its trie at the last compaction) plus a small *delta* of the changes since.
 
-A live update (:meth:`CatalogState.updated`, in ``catalog_update.py``) costs what it changes:
-items given a new or changed Semantic ID go to the delta (its own small trie, rebuilt per
+A live update (:meth:`CatalogState.updated`, :mod:`genrec.live_catalog.delta`) costs what it
+changes: items given a new or changed Semantic ID go to the delta (its own small trie, rebuilt per
 update), their base leaves and the retired items become *dead* ranks (sorted lists the search
 skips, see :mod:`genrec.catalog.filters`). Nothing of size N is copied or rebuilt. The engine
 installs the new state with one reference assignment (:meth:`genrec.engine.Engine.set_catalog`)
@@ -27,8 +27,8 @@ from genrec.catalog.filters import PartFilter, dead_edges, padded_ranks
 from genrec.catalog.id_map import check_rows
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.catalog.trie import SemanticTrie
-from genrec.engine.catalog_update import apply_update, compact, member, rebase
 from genrec.generative.vocab import SidVocab
+from genrec.live_catalog.delta import apply_update, member, rebase
 
 _EMPTY = torch.zeros(0, dtype=torch.int64)
 
@@ -265,7 +265,10 @@ class CatalogState:
         """The same catalog with the delta folded into a new base (O(N log N)), its tries on
         ``device`` (default: this state's; ``"cpu"``: built on the host alone, to be moved
         with :meth:`to`)."""
-        return compact(self, self.trie.device if device is None else device)
+        active = torch.ones(self.num_items, dtype=torch.bool)
+        active[self.retired_items] = False
+        return type(self).build(self.vocab, self.trie.device if device is None else device,
+                                active, self.version)
 
     def to(self, device: torch.device | str) -> CatalogState:
         """The same state with its tries and their rank lists on ``device``."""

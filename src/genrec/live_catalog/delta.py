@@ -1,13 +1,14 @@
-"""Live updates of a :class:`~genrec.engine.catalog_state.CatalogState`: validation, the next
-state (a new delta and dead-rank lists: O(changes + delta), nothing of size N), compaction
-(the delta folded into a new base) and rebasing (updates made during a compaction carried onto
-its result)."""
+"""Live updates of a :class:`~genrec.live_catalog.state.CatalogState`: validation, the next
+state (a new delta and dead-rank lists: O(changes + delta), nothing of size N) and rebasing
+(updates made during a compaction carried onto its result). Written against
+:class:`DeltaState`, the part of a state they read, so that the state's module imports this
+one and not the other way round."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import torch
 
@@ -16,8 +17,35 @@ from genrec.catalog.id_map import check_rows
 from genrec.catalog.trie import SemanticTrie
 
 if TYPE_CHECKING:
-    from genrec.engine.catalog_state import CatalogState
     from genrec.generative.vocab import SidVocab
+
+
+class DeltaState(Protocol):
+    """What an update reads of a catalog state (a frozen dataclass: the next state is a
+    ``dataclasses.replace`` of it); see ``CatalogState`` for the fields."""
+
+    base_vocab: SidVocab
+    trie: SemanticTrie
+    retired_items: torch.Tensor
+    delta_items: torch.Tensor
+    delta_codes: torch.Tensor | None
+    version: int
+
+    @property
+    def num_items(self) -> int: ...
+
+    @property
+    def num_levels(self) -> int: ...
+
+    @property
+    def codebook_sizes(self) -> list[int]: ...
+
+    def lookup(self, codes: torch.Tensor) -> torch.Tensor: ...
+
+    def is_active(self, item: int) -> bool: ...
+
+
+State = TypeVar("State", bound=DeltaState)
 
 
 def member(sorted_values: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -29,7 +57,7 @@ def member(sorted_values: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return sorted_values[pos] == values
 
 
-def _parse_upserts(state: CatalogState, upsert: Sequence[tuple[int, Sequence[int] | None]],
+def _parse_upserts(state: State, upsert: Sequence[tuple[int, Sequence[int] | None]],
                    field: str) -> dict[int, tuple[int, list[int]]]:
     # item -> (position in the request, codes); every entry checked, naming its field
     levels, sizes = state.num_levels, state.codebook_sizes
@@ -54,7 +82,7 @@ def _parse_upserts(state: CatalogState, upsert: Sequence[tuple[int, Sequence[int
     return rows
 
 
-def _check_unique(state: CatalogState, rows: dict[int, tuple[int, list[int]]],
+def _check_unique(state: State, rows: dict[int, tuple[int, list[int]]],
                   field: str) -> None:
     # a new ID may not be another item's (retired ones keep theirs), nor given twice here
     if not rows:
@@ -78,9 +106,9 @@ def _check_unique(state: CatalogState, rows: dict[int, tuple[int, list[int]]],
 
 
 def apply_update(
-    state: CatalogState, upsert: Sequence[tuple[int, Sequence[int] | None]],
+    state: State, upsert: Sequence[tuple[int, Sequence[int] | None]],
     retire: Sequence[int], version: int | None, upsert_field: str, retire_field: str,
-) -> CatalogState:
+) -> State:
     """See :meth:`CatalogState.updated`."""
     n = state.num_items
     rows = _parse_upserts(state, upsert, upsert_field)
@@ -112,9 +140,9 @@ def apply_update(
 
 
 def with_delta(
-    state: CatalogState, base_vocab: SidVocab, trie: SemanticTrie, items: torch.Tensor,
+    state: State, base_vocab: SidVocab, trie: SemanticTrie, items: torch.Tensor,
     codes: torch.Tensor | None, retired: torch.Tensor, version: int,
-) -> CatalogState:
+) -> State:
     """``state`` with this base, delta (``items`` sorted, their ``codes``) and retired items:
     the delta's trie, both dead-rank lists and their closed edges built (O(delta + retired))."""
     n_base = base_vocab.index.num_items
@@ -135,14 +163,7 @@ def with_delta(
         base_closed=dead_edges(trie, base_dead), delta_closed=delta_closed, version=version)
 
 
-def compact(state: CatalogState, device: torch.device | str) -> CatalogState:
-    """See :meth:`CatalogState.compacted`."""
-    active = torch.ones(state.num_items, dtype=torch.bool)
-    active[state.retired_items] = False
-    return type(state).build(state.vocab, device, active, state.version)
-
-
-def rebase(state: CatalogState, compacted: CatalogState) -> CatalogState:
+def rebase(state: State, compacted: State) -> State:
     """See :meth:`CatalogState.rebased`: the items of ``state``'s delta whose ID is not the one
     ``compacted`` has for them (or that it lacks) form the new delta."""
     items = state.delta_items
