@@ -21,7 +21,8 @@ from _dense_trie import DenseTrie, allowed_codes, build_item_mask, ranked_prefix
 from genrec.catalog.semantic_ids import duplicate_groups
 from genrec.engine.beam import BeamResult, level_logprobs, prompt_forward
 from genrec.engine.engine import Engine
-from genrec.engine.params import BeamParams, RowRecommendation, RowRequest
+from genrec.engine.params import BeamParams
+from genrec.engine.requests import RowRecommendation, RowRequest
 from genrec.generative.vocab import BOS_ID
 from genrec.model.beam_step import BeamStepLayout, advance_ancestry
 from genrec.model.decoder import DecoderLM

@@ -295,7 +295,7 @@ def run(args: argparse.Namespace, work: Path, shape: cm.ModelShape, requests: li
     from genrec import Engine, ScoreParams
     from genrec.catalog.item_table import ItemTable
     from genrec.duolm.prompts import YES_ID
-    from genrec.engine.params import ScoreRequest
+    from genrec.engine.requests import ScoreRequest
 
     dtype = getattr(torch, args.dtype)
     teacher_ckpt = cm.build_checkpoint(replace(shape, vocab=tp.vocab_size), work / "teacher",

@@ -12,8 +12,9 @@ from genrec.duolm.prompts import SOFT_ID, STUDENT_VOCAB_SIZE, YES_ID, StudentPro
 from genrec.duolm.ranker import DuoRanker, RankRequest
 from genrec.duolm.store import write_store
 from genrec.engine import Engine
+from genrec.engine.engine_config import EngineConfig
 from genrec.engine.inputs import InputError
-from genrec.engine.params import EngineConfig, ScoreParams
+from genrec.engine.params import ScoreParams
 from genrec.model.registry import build_model
 from genrec.training.duolm import ranker_config
 from genrec.training.initialization import init_weights

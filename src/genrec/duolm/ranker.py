@@ -24,8 +24,10 @@ from genrec.duolm.encoder import ItemEncoder, compute_features
 from genrec.duolm.prompts import SOFT_ID, YES_ID, StudentPrompts, TeacherPrompts
 from genrec.duolm.store import StoreVersion, load_store, write_store
 from genrec.engine.engine import Engine
+from genrec.engine.engine_config import EngineConfig
 from genrec.engine.inputs import InputError
-from genrec.engine.params import EngineConfig, ScoreParams, ScoreRequest
+from genrec.engine.params import ScoreParams
+from genrec.engine.requests import ScoreRequest
 from genrec.model.checkpoint import load_model
 
 META_FILE = "duolm.json"

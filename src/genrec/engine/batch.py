@@ -11,7 +11,7 @@ import torch
 
 from genrec.catalog.item_table import ItemTable
 from genrec.engine.inputs import InputError, InputPacker, PackedInputs, Part
-from genrec.engine.params import ScoreRequest
+from genrec.engine.requests import ScoreRequest
 from genrec.model.layout import AttentionLayout, shared_layout
 
 

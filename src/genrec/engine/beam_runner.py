@@ -39,8 +39,8 @@ from genrec.utils.cuda_graphs import capture
 from genrec.utils.device_lock import DeviceLock, device_lock
 
 if TYPE_CHECKING:
+    from genrec.engine.engine_config import EngineConfig
     from genrec.engine.memory import MemoryBudget
-    from genrec.engine.params import EngineConfig
 
 GPU_REQUEST_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 STATIC_PARTS = 2  # a catalog's base and delta

@@ -20,20 +20,19 @@ from genrec.engine.batch import (
 )
 from genrec.engine.beam_runner import RunnerPool, runner_config
 from genrec.engine.chunked import forward_chunked
+from genrec.engine.engine_config import EngineConfig
 from genrec.engine.inputs import InputError, Part, build_input_embeds
 from genrec.engine.item_ranking import rank_with_head
 from genrec.engine.memory import take_budget
-from genrec.engine.params import (
-    BeamParams,
-    EngineConfig,
+from genrec.engine.params import BeamParams, ScoreParams
+from genrec.engine.request_ids import ServedCatalog, to_ids, to_rows
+from genrec.engine.requests import (
     Recommendation,
     RecommendRequest,
     RowRecommendation,
     RowRequest,
-    ScoreParams,
     ScoreRequest,
 )
-from genrec.engine.request_ids import ServedCatalog, to_ids, to_rows
 from genrec.engine.retrieval import (
     PreparedSearch,
     prepare_search,

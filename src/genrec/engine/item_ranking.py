@@ -15,12 +15,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from genrec.engine.batch import PackedBatch
-from genrec.engine.params import (
-    RowRecommendation,
-    RowRequest,
-    ScoreParams,
-    ScoreRequest,
-)
+from genrec.engine.params import ScoreParams
+from genrec.engine.requests import RowRecommendation, RowRequest, ScoreRequest
 from genrec.engine.retrieval import PreparedSearch, prompts_of
 from genrec.live_catalog.state import CatalogState
 from genrec.model.decoder import DecoderLM

@@ -1,14 +1,9 @@
-"""Parameters and requests of the public Engine API, as dataclasses."""
+"""The parameters of the Engine's calls, as dataclasses: scoring and beam search."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
-
-import torch
-
-from genrec.engine.inputs import Part
 
 ScoreMode = Literal["labels", "loglik", "head"]
 
@@ -40,51 +35,6 @@ class ScoreParams:
                 raise ValueError(f"label_token_ids {bad} are not text tokens (0..{vocab_size - 1})")
         if self.mode == "head" and not has_score_head:
             raise ValueError("mode 'head' needs a model with a score head")
-
-
-@dataclass
-class ScoreRequest:
-    """One user: a shared prefix and the candidates to score after it."""
-
-    prefix: Part
-    candidates: Sequence[Part]
-    user_vector: torch.Tensor | Sequence[float] | None = None
-
-
-@dataclass
-class EngineConfig:
-    """Engine settings.
-
-    ``soft_token_id``: the placeholder replaced by the user's soft token. ``max_batch_tokens``:
-    requests packed into one scoring batch. ``chunk_tokens``: branches run in chunks of this
-    many tokens after their prefixes (activations stay in cache; memory stays bounded).
-
-    Beam search runs on static buffers per search shape (``genrec.engine.beam_runner``):
-    ``cuda_graphs`` captures each as a CUDA graph on a GPU (``False``: the same runners,
-    eager); ``search_request_buckets`` are the request counts a search is padded to (default:
-    powers of two up to 64 on CUDA, none on the CPU, where padding only costs);
-    ``static_search``: runners read the catalog and filter lists from capacity-sized copies,
-    so one runner (one graph) serves every catalog version and filter size that fits
-    (``genrec.engine.static_search``; default: with CUDA graphs). ``max_search_runners``
-    runners and buffers up to half the memory budget are kept (least
-    recently used dropped). The memory budget (``genrec.engine.memory``) is
-    ``memory_fraction`` of the memory free when the engine is built (the device's; RAM on the
-    CPU), or ``memory_budget_bytes`` where given; requests are admitted against it.
-    ``score_runners``: scoring batches whose
-    candidates have one length run on fixed grids (``genrec.engine.score_runner``; captured
-    too with ``cuda_graphs``); default: on CUDA only.
-    """
-
-    max_batch_tokens: int = 65536
-    soft_token_id: int | None = None
-    chunk_tokens: int = 4096
-    cuda_graphs: bool = True
-    search_request_buckets: tuple[int, ...] | None = None
-    max_search_runners: int = 8
-    static_search: bool | None = None
-    memory_fraction: float = 0.8
-    memory_budget_bytes: int | None = None
-    score_runners: bool | None = None
 
 
 MAX_BEAM_WIDTH = 1024
@@ -124,52 +74,3 @@ class BeamParams:
                               0 <= h <= MAX_BEAM_WIDTH):
             raise ValueError(f"head_proposals must be an integer in [0, {MAX_BEAM_WIDTH}], "
                              f"got {h!r}")
-
-
-@dataclass
-class RecommendRequest:
-    """One user for generative retrieval (:meth:`genrec.engine.Engine.recommend`), items named
-    by the catalog's own ids (strings; an integer names its decimal string, as over HTTP):
-    ``history`` (oldest first), an optional user vector (soft token), and optional item
-    filters (``exclude`` removes, ``allow`` restricts). ``text``: text token ids put before
-    the history's Semantic IDs (a model whose vocabulary extends a pretrained LM's; ``None``:
-    the vocabulary's default text)."""
-
-    history: Sequence[str | int]
-    user_vector: torch.Tensor | Sequence[float] | None = None
-    exclude: Sequence[str | int] | None = None
-    allow: Sequence[str | int] | None = None
-    text: Sequence[int] | None = None
-
-
-@dataclass
-class Recommendation:
-    """Top items of one request (the catalog's ids), best first, with summed
-    log-probabilities of their Semantic IDs; ``ignored``: the request's ``history`` and
-    ``exclude`` ids the catalog does not have (left out)."""
-
-    items: list[str]
-    scores: list[float]
-    ignored: list[str] = field(default_factory=list)
-
-
-@dataclass
-class RowRequest:
-    """:class:`RecommendRequest` with items as the catalog's rows ``0 .. N-1``: the engine's
-    internal form (a server, the batch job and evaluation translate ids once, then use
-    :meth:`genrec.engine.Engine.recommend_rows`)."""
-
-    history: Sequence[int]
-    user_vector: torch.Tensor | Sequence[float] | None = None
-    exclude: Sequence[int] | None = None
-    allow: Sequence[int] | None = None
-    text: Sequence[int] | None = None
-
-
-@dataclass
-class RowRecommendation:
-    """Top items of one :class:`RowRequest` (rows), best first, with summed log-probabilities
-    of their Semantic IDs."""
-
-    items: list[int]
-    scores: list[float]

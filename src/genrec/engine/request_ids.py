@@ -13,12 +13,7 @@ from collections.abc import Sequence
 
 from genrec.catalog.id_map import IdMap
 from genrec.engine.inputs import InputError
-from genrec.engine.params import (
-    Recommendation,
-    RecommendRequest,
-    RowRecommendation,
-    RowRequest,
-)
+from genrec.engine.requests import Recommendation, RecommendRequest, RowRecommendation, RowRequest
 from genrec.live_catalog.state import CatalogState
 
 

@@ -18,7 +18,8 @@ from genrec.catalog.filters import PartFilter
 from genrec.engine.batch import PackedBatch, RequestLimits, pack_requests
 from genrec.engine.beam_runner import RunnerPool
 from genrec.engine.inputs import InputError
-from genrec.engine.params import BeamParams, RowRecommendation, RowRequest
+from genrec.engine.params import BeamParams
+from genrec.engine.requests import RowRecommendation, RowRequest
 from genrec.live_catalog.state import CatalogState
 
 

@@ -27,8 +27,9 @@ from genrec.duolm.ranker import ENCODER_DIR, META_FILE, RankRequest, TeacherRank
 from genrec.engine.batch import RequestLimits, item_rows, pack_requests
 from genrec.engine.chunked import forward_chunked
 from genrec.engine.engine import Engine
+from genrec.engine.engine_config import EngineConfig
 from genrec.engine.inputs import build_input_embeds
-from genrec.engine.params import EngineConfig, ScoreParams
+from genrec.engine.params import ScoreParams
 from genrec.engine.scoring import read_scores
 from genrec.evaluation.ranking import evaluate_ranking
 from genrec.model.checkpoint import load_model, save_model
