@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genrec.model import attention, build_layout
+from genrec.model import attention, build_layout, packed_layout
 from genrec.model.attend import attend, attend_math
-from genrec.model.attention import prefix_branch_attention
 from genrec.model.beam_step import BeamStepLayout, advance_ancestry
 from genrec.model.kv_cache import KVCache
 
@@ -71,7 +70,7 @@ def test_matches_dense_mask(
         x.requires_grad_(math_path)
     cache = KVCache(1, lay.num_requests, lay.prefix_cap, lay.num_branches, lay.branch_cap,
                     HKV, D, torch.float32, "cpu", transient=transient)
-    out = prefix_branch_attention(q, *cache.write(0, k, v, lay), lay, D**-0.5)
+    out = lay.attend(q, *lay.write_cache(cache, 0, k, v), D**-0.5)
     allowed = _allowed(prefixes, branches)
     ref = _dense_reference(q.detach(), k.detach(), v.detach(), allowed)
     assert (out - ref).abs().max().item() < 1e-5
@@ -104,7 +103,7 @@ def test_beam_steps_read_tails_through_the_ancestry(attention_path: str) -> None
         q, k, v = torch.randn(nb, H, D), torch.randn(nb, HKV, D), torch.randn(nb, HKV, D)
         lay = BeamStepLayout(lens, ancestry, width, s + 1, steps)
         assert lay.positions().tolist() == [int(lens[b // width]) + s for b in range(nb)]
-        out = prefix_branch_attention(q, *cache.write(0, k, v, lay), lay, D**-0.5)
+        out = lay.attend(q, *lay.write_cache(cache, 0, k, v), D**-0.5)
         for b in range(nb):
             r, n = b // width, int(lens[b // width])
             own = [ancestry[b, j] for j in range(s + 1)]
@@ -123,13 +122,13 @@ def test_chunked_prefix_mask(attention_path: str) -> None:
     q, k, v = torch.randn(10, H, D), torch.randn(10, HKV, D), torch.randn(10, HKV, D)
     full = build_layout([10], [], [])
     cache = KVCache(1, 1, 10, 0, 0, HKV, D, torch.float32, "cpu")
-    ref = prefix_branch_attention(q, *cache.write(0, k, v, full), full, D**-0.5)
+    ref = full.attend(q, *full.write_cache(cache, 0, k, v), D**-0.5)
     cache = KVCache(1, 1, 10, 0, 0, HKV, D, torch.float32, "cpu")
     first = build_layout([4], [], [], prefix_cap=10)
-    prefix_branch_attention(q[:4], *cache.write(0, k[:4], v[:4], first), first, D**-0.5)
+    first.attend(q[:4], *first.write_cache(cache, 0, k[:4], v[:4]), D**-0.5)
     second = build_layout([6], [], [], prefix_cached=[4])
     assert not second.prefix_causal
-    out = prefix_branch_attention(q[4:], *cache.write(0, k[4:], v[4:], second), second, D**-0.5)
+    out = second.attend(q[4:], *second.write_cache(cache, 0, k[4:], v[4:]), D**-0.5)
     assert (out - ref[4:]).abs().max() < 1e-5
 
 
@@ -151,11 +150,11 @@ def test_runs_over_the_key_limit_take_the_pytorch_path(monkeypatch: pytest.Monke
     lay = build_layout(prefixes, [0, 0], [3, 5])
     q, k, v = torch.randn(lay.num_tokens, H, D), torch.randn(lay.num_tokens, HKV, D), \
         torch.randn(lay.num_tokens, HKV, D)
-    monkeypatch.setattr(attention, "RUN_MAX_KEYS", 4)
+    monkeypatch.setattr(packed_layout, "RUN_MAX_KEYS", 4)
     monkeypatch.setattr(attention, "cascade_attention_op", lambda: pytest.fail("kernel used"))
     monkeypatch.setattr(attention, "fuses_queries", lambda q: True)
     cache = KVCache(1, 1, lay.prefix_cap, 2, lay.branch_cap, HKV, D, torch.float32, "cpu")
-    out = prefix_branch_attention(q, *cache.write(0, k, v, lay), lay, D**-0.5)
+    out = lay.attend(q, *lay.write_cache(cache, 0, k, v), D**-0.5)
     ref = _dense_reference(q, k, v, _allowed(prefixes, branches))
     assert (out - ref).abs().max().item() < 1e-5
 

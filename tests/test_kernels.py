@@ -9,7 +9,7 @@ import torch
 
 import genrec.kernels as kernels
 from genrec.model import build_layout
-from genrec.model.attention import QueryTransform, prefix_branch_attention
+from genrec.model.attention import QueryTransform
 from genrec.model.kv_cache import KVCache
 from genrec.model.layers import Rotary
 
@@ -63,11 +63,11 @@ def test_equal_alone_and_among_others() -> None:
     t = lay.num_tokens
     q, k, v = torch.randn(t, 4, 8), torch.randn(t, 2, 8), torch.randn(t, 2, 8)
     cache = KVCache(1, 1, lay.prefix_cap, 5, lay.branch_cap, 2, 8, torch.float32, "cpu")
-    full = prefix_branch_attention(q, *cache.write(0, k, v, lay), lay, 0.35)
+    full = lay.attend(q, *lay.write_cache(cache, 0, k, v), 0.35)
     rows = list(range(9)) + list(range(9 + 4 + 6, 9 + 4 + 6 + 3))  # prefix + third branch
     alone = build_layout([9], [0], [3])
     cache = KVCache(1, 1, 9, 1, 3, 2, 8, torch.float32, "cpu")
-    out = prefix_branch_attention(q[rows], *cache.write(0, k[rows], v[rows], alone), alone, 0.35)
+    out = alone.attend(q[rows], *alone.write_cache(cache, 0, k[rows], v[rows]), 0.35)
     assert (out - full[rows]).abs().max().item() < 1e-6
 
 

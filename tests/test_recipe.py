@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from genrec.commands.generative import RECIPE_KEYS, pick_recipe
+from genrec.training.generative_run import RECIPE_KEYS, pick_recipe
 from genrec.training.recipe import LARGE, MEDIUM, SMALL, recipe_for
 
 

@@ -5,7 +5,6 @@ Heavy modules are imported inside the functions so that ``genrec --help`` stays 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -30,13 +29,3 @@ def fail(err: Exception) -> typer.Exit:
     """Print ``err`` as the command's error and return the exit (code 1) to raise."""
     typer.echo(f"error: {err}", err=True)
     return typer.Exit(code=1)
-
-
-def write_train_args(out: Path, args: dict, resume: bool) -> None:
-    """The command's arguments in ``out/train_args.json`` (kept as first written on
-    ``resume``); the folder is made."""
-    from genrec.utils.atomic import atomic_write_json
-
-    out.mkdir(parents=True, exist_ok=True)
-    if not (resume and (out / "train_args.json").is_file()):
-        atomic_write_json(out / "train_args.json", args)

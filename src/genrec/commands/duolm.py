@@ -22,7 +22,6 @@ from genrec.commands.common import (
     ThreadsOpt,
     fail,
     train_app,
-    write_train_args,
 )
 from genrec.commands.dataset import (
     DataOpt,
@@ -91,6 +90,7 @@ def eval_split(ds: Dataset, max_history: int, users: int | None, negatives: int,
 
 def _train(task, model, out: Path, epochs: int, lr: float, patience: int, seed: int,  # noqa: ANN001
            resume: bool, progress: bool, dev: str, args: dict) -> None:
+    from genrec.training.checkpoints import write_train_args
     from genrec.training.distributed import main_process
     from genrec.training.loop import LoopConfig, fit
 

@@ -21,7 +21,6 @@ from genrec.commands.dataset import (
     load_dataset,
     table_options,
 )
-from genrec.commands.generative import check_index
 from genrec.training.run_layout import model_folder
 from genrec.utils.device import resolve_device
 
@@ -129,6 +128,7 @@ def load_generative(model: Path, ds: Dataset, split: str, device: str,
     ``ds``, and its soft-token user vectors for ``split`` (None without a soft token):
     ``test`` / ``val`` hold out the last item / two items, ``all`` the whole histories."""
     from genrec.engine import Engine
+    from genrec.training.generative_run import check_index
     from genrec.training.user_vectors import fold_in, load_item_factors, load_saved_user_vectors
 
     folder = model_folder(model)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -26,7 +26,6 @@ from genrec.commands.common import (
     ThreadsOpt,
     fail,
     train_app,
-    write_train_args,
 )
 from genrec.commands.dataset import (
     DataOpt,
@@ -36,38 +35,9 @@ from genrec.commands.dataset import (
     load_dataset,
     table_options,
 )
-from genrec.utils.device import resolve_device
-
-if TYPE_CHECKING:
-
-    from genrec.catalog.semantic_ids import SemanticIndex
-    from genrec.data.loaders import Dataset
 
 RecipeInt = Annotated[int | None, typer.Option(min=1, help="Default: from the data size "
                                                           "(see genrec.training.recipe).")]
-RECIPE_KEYS = ("hidden", "layers", "heads", "kv_heads", "head_dim", "dropout", "epochs")
-
-
-def pick_recipe(train_sequences: list[list[int]], given: dict, report: bool) -> dict:
-    """The model size, dropout and epochs: each of ``given`` (:data:`RECIPE_KEYS` -> value or
-    None) as given, else the data size's recipe (:func:`genrec.training.recipe.recipe_for` of
-    the training interactions); says which when ``report``."""
-    from genrec.training.recipe import recipe_for
-
-    recipe = recipe_for(sum(len(s) for s in train_sequences))
-    picked = {k: getattr(recipe, k) if given[k] is None else given[k] for k in RECIPE_KEYS}
-    if any(given[k] is None for k in RECIPE_KEYS) and report:
-        typer.echo(f"recipe: {recipe.describe()}; used: " + ", ".join(
-            f"{k} {v}" for k, v in picked.items()))
-    return picked
-
-
-def check_index(index: SemanticIndex, dataset: Dataset, where: str) -> None:
-    """Raise ValueError naming ``where`` when the index does not cover the dataset's items."""
-    if index.num_items != dataset.num_items:
-        raise ValueError(f"{where}: {index.num_items} items, the dataset has {dataset.num_items}")
-    if index.item_ids is not None and list(index.item_ids) != list(dataset.item_ids):
-        raise ValueError(f"{where}: item ids differ from the dataset's (built for another one?)")
 
 
 @train_app.command("generative")
@@ -123,105 +93,19 @@ def train_generative(
 ) -> None:
     """Train a Qwen3-architecture generative recommender on Semantic-ID sequences (under
     ``torchrun``, or with ``--nproc N``, data-parallel: each rank its shard of every batch)."""
-    import os
-
-    from genrec.training.distributed import main_process, relaunch
+    from genrec.training.distributed import relaunch
 
     if (code := relaunch(nproc)) is not None:
         raise typer.Exit(code=code)
-    import torch
+    from genrec.training.generative_run import GenerativeTrainConfig, train_generative
 
-    from genrec.catalog.semantic_ids import SemanticIndex
-    from genrec.data.split import training_sequences
-    from genrec.evaluation.generative import split_examples
-    from genrec.generative.vocab import SidVocab
-    from genrec.model import load_model
-    from genrec.model.registry import build_model
-    from genrec.training import extend_vocab as ext
-    from genrec.training import generative as gen
-    from genrec.training import user_vectors as uv
-    from genrec.training.checkpoints import LAST
-    from genrec.training.initialization import init_weights
-    from genrec.training.loop import LoopConfig, fit
-
-    dev = resolve_device(device, threads)
-    main = main_process()  # under torchrun: rank 0 writes and reports
-    if str(dev).startswith("cuda") and "LOCAL_RANK" in os.environ:  # one GPU per rank
-        dev = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-    args = {k: str(v) if isinstance(v, Path) else v for k, v in locals().items()
-            if k in train_generative.__annotations__} | dict(table or {})
+    config = GenerativeTrainConfig.from_options(locals())
     try:
         ds = load_dataset(data, interactions, items, table)
-        sem = SemanticIndex.load(index)
-        check_index(sem, ds, "--index")
-        vocab = SidVocab(sem, max_history=max_history)
-        if (extend_vocab and init_from is None) or (prompt_text and not extend_vocab):
-            raise ValueError("--extend-vocab needs --init-from; --prompt-text needs --extend-vocab")
-        if item_head and init_from is not None:
-            raise ValueError("--item-head: models trained from scratch only (not --init-from)")
-        item_head = init_from is None if item_head is None else item_head
-        args["item_head"] = item_head
-        if item_inputs and not item_head:
-            raise ValueError("--item-inputs needs the item head (--item-head)")
-        train = training_sequences(ds.sequences)
-        given = dict(zip(RECIPE_KEYS, (hidden, layers, heads, kv_heads, head_dim, dropout,
-                                       epochs), strict=True))
-        recipe = pick_recipe(train, given, main)
-        hidden, layers, heads, kv_heads, head_dim, dropout, epochs = (
-            recipe[k] for k in RECIPE_KEYS)
-        args |= recipe
-        torch.manual_seed(seed)
-        last = out / LAST
-        factors, files = None, None
-        if resume and (last / "config.json").is_file():
-            model = load_model(last)
-            if extend_vocab:  # the layout and tokenizer saved with the run
-                vocab, files = SidVocab.load(last), ext.tokenizer_files(last)
-            vectors = uv.load_saved_user_vectors(last, ds.user_ids)
-            factors = uv.load_item_factors(last)
-        else:
-            if user_vectors == "svd-causal":  # per-user vectors = fold-in of training items
-                factors = uv.svd_item_factors(train, ds.num_items, user_dim, seed=seed)
-                vectors = uv.fold_in(factors, train)
-            else:
-                vectors = uv.resolve_user_vectors(user_vectors, ds.sequences, ds.num_items,
-                                                  user_dim, seed)
-            dim = 0 if vectors is None else int(vectors.shape[1])
-            if extend_vocab:
-                model, vocab, files = ext.start_extended(init_from, sem, max_history, dim,
-                                                         prompt_text, sid_init, ds.item_text, seed)
-            elif init_from is not None:
-                model = ext.adapt_pretrained(load_model(init_from), vocab.vocab_size, dim)
-            else:
-                model = build_model(gen.scratch_config(
-                    vocab, hidden, layers, heads, kv_heads, head_dim, intermediate, dim,
-                    item_head, item_inputs))
-                init_weights(model)
-                gen.set_item_tokens(model, vocab)
-        model.set_dropout(dropout)
-        val = split_examples(ds.sequences, "val", max_history, val_users, seed) \
-            if val_users else []
-        task = gen.GenerativeTask(
-            vocab, train, vectors, batch_tokens, seed, val,
-            beam_width, user_ids=ds.user_ids, user_vector_source=Path(user_vectors).name,
-            progress=progress, item_factors=factors, extra_files=files,
-        )
-        if main:
-            write_train_args(out, args, resume)
-        n_params = sum(p.numel() for p in model.parameters())
-        if main:
-            typer.echo(f"{ds.name}: {ds.num_users} users, {ds.num_items} items; "
-                       f"{len(task.lengths)} windows, {sum(task.lengths)} tokens/epoch; "
-                       f"{n_params / 1e6:.2f}M params on {dev}")
-        config = LoopConfig(epochs=epochs, lr=lr, weight_decay=weight_decay,
-                            warmup_ratio=warmup_ratio, grad_clip=grad_clip, patience=patience,
-                            seed=seed, progress=progress, keep_epochs=keep_epochs,
-                            grad_accum=grad_accum, precision=precision,
-                            sharding="fsdp" if fsdp else "none")
-        result = fit(model.to(dev), task, out, config, resume=resume)
+        result = train_generative(config, ds, echo=typer.echo)
     except INPUT_ERRORS as err:
         raise fail(err) from None
-    if not main:
+    if result is None:  # not rank 0
         return
     for entry in result.history:
         shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in entry.items()}

@@ -15,16 +15,20 @@ runs on static buffers with no host sync: positions come from the device-side pr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
 from genrec.model.attend import attend, attend_math, cuda_fused_ok
+from genrec.model.attention import RUN_MAX_KEYS
+from genrec.model.forward_layout import ForwardLayout, NativeTables
+from genrec.model.kv_cache import KVCache
 
 _NEG_INF = float("-inf")
 
 
 @dataclass
-class BeamStepLayout:
+class BeamStepLayout(ForwardLayout):
     """The attention layout of step ``level`` (1 .. L-1) of a search: one new token per beam.
 
     ``prefix_len`` [R] (prefix keys of each request, on the device), ``ancestry`` [NB, cap]
@@ -38,6 +42,7 @@ class BeamStepLayout:
     level: int
     tail_cap: int
     _derived: dict = field(default_factory=dict, repr=False)
+    derives_positions: ClassVar[bool] = True
 
     @property
     def num_requests(self) -> int:
@@ -90,6 +95,36 @@ class BeamStepLayout:
                 beams, ones, req * prefix_cap, self.prefix_len[req], ones * 0,
                 beams * self.level, ones * (self.level - 1)), dim=1).contiguous()
         return self._derived[key]
+
+    def own_positions(self) -> torch.Tensor:
+        return self.positions()
+
+    def write_cache(
+        self, cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        # slot ``level - 1`` of every beam row, in place (static buffers)
+        return cache.write_slot(layer, self.level - 1, k, v)
+
+    def kernel_runs(self, prefix_cap: int) -> torch.Tensor | None:
+        # over the gathered tails (kernel_caches)
+        return self.runs(prefix_cap) if prefix_cap + self.level <= RUN_MAX_KEYS else None
+
+    def kernel_caches(self, caches: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        prefix_k, prefix_v, tail_k, tail_v = caches
+        return prefix_k, prefix_v, self.tails(tail_k), self.tails(tail_v)
+
+    def attend_portable(
+        self, q: torch.Tensor, prefix_k: torch.Tensor, prefix_v: torch.Tensor,
+        branch_k: torch.Tensor, branch_v: torch.Tensor, scale: float,
+    ) -> torch.Tensor:
+        return step_attention_portable(q, prefix_k, prefix_v, branch_k, branch_v, self, scale)
+
+    def native_tables(self, prefix_capacity: int, readout: bool) -> NativeTables | None:
+        # the kernel derives runs, slots and positions from the search's tables
+        if prefix_capacity + self.level > RUN_MAX_KEYS or readout:
+            return None
+        return NativeTables(prefix_len=self.prefix_len, ancestry=self.ancestry,
+                            width=self.width, level=self.level)
 
 
 def advance_ancestry(ancestry: torch.Tensor, parent_rows: torch.Tensor, level: int

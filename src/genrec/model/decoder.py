@@ -7,9 +7,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from genrec.model import lm_head
-from genrec.model.attention import QueryTransform, fuses_queries, prefix_branch_attention
-from genrec.model.beam_step import BeamStepLayout
+from genrec.model.attention import QueryTransform, fuses_queries
 from genrec.model.config import ModelConfig
+from genrec.model.forward_layout import ForwardLayout
 from genrec.model.item_head import ItemHead
 from genrec.model.kv_cache import KVCache
 from genrec.model.layers import (
@@ -57,7 +57,7 @@ class Attention(nn.Module):
 
     def forward(
         self, x: torch.Tensor, norm: RMSNorm, rope: tuple[torch.Tensor, torch.Tensor],
-        layout: AttentionLayout, cache: KVCache, layer: int, residual: torch.Tensor | None,
+        layout: ForwardLayout, cache: KVCache, layer: int, residual: torch.Tensor | None,
         readout: Readout | None = None,
     ) -> torch.Tensor:
         """x: [T, hidden] (before ``norm``) -> residual + attention output [T, hidden], or only
@@ -95,11 +95,11 @@ class Attention(nn.Module):
             q, k = self._norm_rotary(q, k, qk, ms_eps, rope, rows if split else None)
             if rows is not None and not split:
                 q = q[rows]
-        pk, pv, bk, bv = cache.write(layer, k, v, layout)
+        pk, pv, bk, bv = layout.write_cache(cache, layer, k, v)
         if readout is not None:
             layout = readout.layout
             residual = None if residual is None else residual[rows]
-        out = prefix_branch_attention(q, pk, pv, bk, bv, layout, self.scale, q_transform)
+        out = layout.attend(q, pk, pv, bk, bv, self.scale, q_transform)
         return linear(out.reshape(q.shape[0], heads * d), self.o_proj, add=residual)
 
     def _query_transform(
@@ -240,16 +240,17 @@ class DecoderLM(nn.Module):
         )
 
     def forward(
-        self, embeds: torch.Tensor, positions: torch.Tensor | None, layout: AttentionLayout,
+        self, embeds: torch.Tensor, positions: torch.Tensor | None, layout: ForwardLayout,
         cache: KVCache | None = None, readout: Readout | None = None,
     ) -> torch.Tensor:
         """embeds [T, hidden], positions [T] -> final-normed hidden states [T, hidden], or
         [K, hidden] for the ``readout`` rows only (the last layer skips the other rows' work).
 
         ``layout`` must live on the model's device; ``cache`` defaults to a transient one.
-        ``positions`` may be None for a beam step (:class:`BeamStepLayout`): its own.
+        ``positions`` may be None where the layout has its own (``derives_positions``: a beam
+        step).
         """
-        own = positions is None and isinstance(layout, BeamStepLayout)  # derived if needed
+        own = positions is None and layout.derives_positions  # derived if needed
         if layout.num_tokens != embeds.shape[0] or not own and (
                 positions is None or positions.shape != (embeds.shape[0],)):
             shape = None if positions is None else tuple(positions.shape)
@@ -262,8 +263,8 @@ class DecoderLM(nn.Module):
         native = native_forward(self, embeds, positions, layout, cache, readout)
         if native is not None:  # every layer in one native call (CPU fp32 inference)
             return native
-        if positions is None:  # a beam step's own
-            positions = layout.positions()
+        if positions is None:  # the layout's own
+            positions = layout.own_positions()
         rope = self.rotary.cos_sin(positions, embeds.dtype)
         p = self.dropout if self.training and readout is None else 0.0
         x = F.dropout(embeds, p, training=True) if p else embeds

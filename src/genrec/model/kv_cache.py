@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from genrec.model.beam_step import BeamStepLayout
-from genrec.model.layout import AttentionLayout
-from genrec.model.score_grid import ScoreGridLayout
+
+class RowWrite(NamedTuple):
+    """New rows of one cache part: packed rows ``tokens`` [N] (rows ``first ..`` when the
+    write is contiguous) go to flat slots ``slots`` [N] of the prefix part (``prefix``) or the
+    branch part; ``fills``: those slots are the whole part, 0, 1, ... in packed order."""
+
+    prefix: bool
+    tokens: torch.Tensor
+    slots: torch.Tensor
+    first: int
+    fills: bool
 
 
 class KVCache:
@@ -67,47 +77,47 @@ class KVCache:
                 self._layer(self.branch_k, layer, False),
                 self._layer(self.branch_v, layer, False))
 
-    def write(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor,
-        layout: AttentionLayout | BeamStepLayout | ScoreGridLayout,
+    def keep(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, prefix: tuple[int, int],
+        branch: tuple[int, int],
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Store the new keys/values of ``layer`` (k, v: [T, Hkv, D]); return the layer's cache.
-        A beam step writes slot ``level - 1`` of every beam row (in place: static buffers); a
-        score grid fills both parts (its rows are the cache)."""
-        if isinstance(layout, ScoreGridLayout):  # every slot written: the rows themselves
-            n_p = layout.num_prefix_rows
-            prefix = (layout.num_requests, layout.prefix_cap)
-            branch = (layout.num_branches, layout.branch_len)
-            for store, src, dims in ((self.prefix_k, k[:n_p], prefix),
-                                     (self.prefix_v, v[:n_p], prefix),
-                                     (self.branch_k, k[n_p:], branch),
-                                     (self.branch_v, v[n_p:], branch)):
-                store[layer] = src.to(self._dtype).contiguous().view(dims + self._row)
-            return (self.prefix_k[layer], self.prefix_v[layer], self.branch_k[layer],
-                    self.branch_v[layer])
-        if isinstance(layout, BeamStepLayout):
-            slot = layout.level - 1
-            self._layer(self.branch_k, layer, False)[:, slot].copy_(k)
-            self._layer(self.branch_v, layer, False)[:, slot].copy_(v)
-            return (self.prefix_k[layer], self.prefix_v[layer], self.branch_k[layer],
-                    self.branch_v[layer])
-        n_prefix = layout.prefix_tokens.numel()
-        single = layout.single_request  # rows are [0, Tp) then [Tp, T): slices, no gather
-        # fills: every slot of the part is written at once (slots 0, 1, ... in packed order)
-        parts = (
-            (True, layout.prefix_tokens, layout.prefix_slots, 0, (self.prefix_k, self.prefix_v),
-             layout.prefix_dense and layout.prefix_causal
-             and layout.prefix_width == layout.prefix_cap),
-            (False, layout.branch_tokens, layout.branch_slots, n_prefix,
-             (self.branch_k, self.branch_v), layout.uniform_branches and layout.branch_causal
-             and layout.branch_width == layout.branch_cap),
-        )
-        for prefix, tokens, slots, first, stores, fills in parts:
+        """Make k, v [T, Hkv, D] the whole storage of ``layer``: the first ``prefix`` (R, P)
+        rows its prefix part, the rest its branch part of ``branch`` (NB, L) rows; returns the
+        layer's cache."""
+        n_p = prefix[0] * prefix[1]
+        for store, src, dims in ((self.prefix_k, k[:n_p], prefix),
+                                 (self.prefix_v, v[:n_p], prefix),
+                                 (self.branch_k, k[n_p:], branch),
+                                 (self.branch_v, v[n_p:], branch)):
+            store[layer] = src.to(self._dtype).contiguous().view(dims + self._row)
+        return (self.prefix_k[layer], self.prefix_v[layer], self.branch_k[layer],
+                self.branch_v[layer])
+
+    def write_slot(
+        self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Write k, v [NB, Hkv, D] into slot ``slot`` of every branch row of ``layer``, in
+        place (static buffers); returns the layer's cache."""
+        self._layer(self.branch_k, layer, False)[:, slot].copy_(k)
+        self._layer(self.branch_v, layer, False)[:, slot].copy_(v)
+        return (self.prefix_k[layer], self.prefix_v[layer], self.branch_k[layer],
+                self.branch_v[layer])
+
+    def write_rows(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, parts: tuple[RowWrite, ...],
+        contiguous: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Store rows of k, v [T, Hkv, D] of ``layer`` as ``parts`` say (``contiguous``: each
+        part's rows are ``first ..``, read as slices); returns the layer's cache. A transient
+        cache keeps a part's rows themselves where they fill it; writes under autograd go out
+        of place."""
+        for prefix, tokens, slots, first, fills in parts:
             if not tokens.numel():
                 continue
             dims = self._prefix_dims if prefix else self._branch_dims
+            stores = (self.prefix_k, self.prefix_v) if prefix else (self.branch_k, self.branch_v)
             for store, src in zip(stores, (k, v), strict=True):
-                rows = take_rows(src, tokens, first if single else None)
+                rows = take_rows(src, tokens, first if contiguous else None)
                 if self.transient and fills and rows.shape[0] == dims[0] * dims[1]:
                     # compact rows (k is a view of the fused projection's output): the
                     # kernels read them faster, and a kept prefix holds no more than itself

@@ -14,11 +14,12 @@ index tensors that move packed rows into the padded grids the attention kernels 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 
+from genrec.model.packed_layout import AttentionLayout, exclusive_cumsum
 from genrec.utils.device import to_device
 
 Lengths = Sequence[int] | torch.Tensor
@@ -29,90 +30,6 @@ def _as_long(x: Lengths, name: str) -> torch.Tensor:
     if t.numel() and int(t.min()) < 0:
         raise ValueError(f"{name} must be non-negative")
     return t
-
-
-def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
-    return torch.cumsum(x, 0) - x
-
-
-@dataclass
-class AttentionLayout:
-    """Index tensors of one forward (see module docstring). Build with :func:`build_layout`."""
-
-    num_requests: int
-    num_branches: int
-    num_tokens: int
-    prefix_len: torch.Tensor  # [R] prefix keys after this forward
-    prefix_cap: int  # cache slots per request prefix
-    prefix_tokens: torch.Tensor  # [Tp] packed index of each new prefix token
-    prefix_slots: torch.Tensor  # [Tp] r * prefix_cap + position in prefix
-    prefix_rows: torch.Tensor  # [Tp] r * prefix_width + j
-    prefix_width: int  # most new prefix tokens of a request
-    prefix_causal: bool  # True: plain causal mask suffices for prefix queries
-    prefix_mask: torch.Tensor | None  # bool [R, 1, prefix_width, prefix_cap]
-    branch_request: torch.Tensor  # [NB]
-    branch_len: torch.Tensor  # [NB] branch keys after this forward
-    branch_cap: int
-    branch_tokens: torch.Tensor  # [Tb] packed index of each new branch token
-    branch_slots: torch.Tensor  # [Tb] b * branch_cap + position in branch
-    branch_rows: torch.Tensor  # [Tb] b * branch_width + j
-    branch_width: int  # most new tokens of a branch
-    branch_causal: bool
-    branch_mask: torch.Tensor | None  # bool [NB, 1, branch_width, branch_cap]
-    shared_rows: torch.Tensor  # [Tb] r * shared_width + j: branch queries grouped by request
-    shared_width: int  # most new branch tokens of a request
-    shared_mask: torch.Tensor | None  # bool [R, 1, 1, prefix_cap]; None when no padding
-    shared_empty: torch.Tensor | None  # bool [Tb]: branch token whose request has no prefix
-    positions: torch.Tensor  # [T] default positions: a branch continues from its prefix end
-    single_request: bool  # one request: prefix tokens are [0, Tp), branch tokens [Tp, T)
-    prefix_dense: bool  # every request has prefix_width new prefix tokens: prefix_rows is arange
-    shared_dense: bool  # every request has shared_width new branch tokens: shared_rows is arange
-    uniform_branches: bool  # every branch has branch_width new tokens: branch_rows is arange
-    prefix_new: torch.Tensor  # [R] new prefix tokens of each request
-    prefix_first: torch.Tensor  # [R] packed index of each request's first new token
-    branch_new: torch.Tensor  # [NB] new tokens of each branch
-    branch_first: torch.Tensor  # [NB] packed index of each branch's first new token
-    _derived: dict = field(default_factory=dict, repr=False)
-
-    def to(self, device: torch.device | str) -> AttentionLayout:
-        """This layout with every tensor on ``device``: itself where they are, else a copy
-        made once and kept (memoised layouts recur: no transfer per forward, none per layer;
-        to a GPU from pinned memory, without a blocking copy)."""
-        device = torch.device(device)
-        if self.positions.device == device:
-            return self
-        key = ("to", str(device))
-        if key not in self._derived:
-            moved = {
-                name: to_device(value, device) if isinstance(value, torch.Tensor) else value
-                for name, value in self.__dict__.items()
-                if name != "_derived"
-            }
-            self._derived[key] = AttentionLayout(**moved)
-        return self._derived[key]
-
-    def query_runs(self, tile: int) -> tuple[torch.Tensor, int]:
-        """Runs of at most ``tile`` consecutive packed query rows with the keys they see, as
-        int64 rows (q_start, q_len, shared_start, shared_len, own_source, own_start,
-        own_before), and the most keys a run sees. Query i of a run (row q_start + i) sees
-        prefix-cache rows [shared_start, +shared_len) and rows [own_start, +own_before + i + 1)
-        of the prefix cache (own_source 1) or the branch cache (0), both flattened over their
-        first two dims. Built once (on the CPU)."""
-        key = ("runs", tile)
-        if key not in self._derived:
-            self._derived[key] = _query_runs(self, tile)
-        return self._derived[key]
-
-    def additive_mask(self, name: str, dtype: torch.dtype) -> torch.Tensor | None:
-        """The bool mask ``name`` as an additive mask (0 / -inf) of ``dtype``, built once."""
-        key = (name, dtype)
-        if key not in self._derived:
-            mask = getattr(self, name)
-            if mask is not None:
-                zeros = torch.zeros((), dtype=dtype, device=mask.device)
-                mask = zeros.masked_fill(~mask, float("-inf")).expand(mask.shape).contiguous()
-            self._derived[key] = mask
-        return self._derived[key]
 
 
 def build_layout(
@@ -145,13 +62,13 @@ def build_layout(
 
     # Tokens per request: new prefix tokens followed by the new tokens of its branches.
     branch_sum = torch.zeros(n_req, dtype=torch.long).index_add_(0, b_req, b_new)
-    req_start = _exclusive_cumsum(p_new + branch_sum)
+    req_start = exclusive_cumsum(p_new + branch_sum)
     num_tokens = int((p_new + branch_sum).sum())
 
     # Prefix tokens.
     tp = int(p_new.sum())
     p_req = torch.repeat_interleave(torch.arange(n_req), p_new)
-    p_j = torch.arange(tp) - _exclusive_cumsum(p_new)[p_req]
+    p_j = torch.arange(tp) - exclusive_cumsum(p_new)[p_req]
     p_width = int(p_new.max()) if n_req else 0
     prefix_tokens = req_start[p_req] + p_j
     prefix_slots = p_req * p_cap + p_cached[p_req] + p_j
@@ -168,9 +85,9 @@ def build_layout(
     # Branch tokens.
     tb = int(b_new.sum())
     t_br = torch.repeat_interleave(torch.arange(n_br), b_new)
-    t_j = torch.arange(tb) - _exclusive_cumsum(b_new)[t_br]
+    t_j = torch.arange(tb) - exclusive_cumsum(b_new)[t_br]
     t_req = b_req[t_br]
-    first_in_req = _exclusive_cumsum(b_new) - _exclusive_cumsum(branch_sum)[b_req]  # [NB]
+    first_in_req = exclusive_cumsum(b_new) - exclusive_cumsum(branch_sum)[b_req]  # [NB]
     b_width = int(b_new.max()) if n_br else 0
     branch_tokens = req_start[t_req] + p_new[t_req] + first_in_req[t_br] + t_j
     branch_slots = t_br * b_cap + b_cached[t_br] + t_j
@@ -208,28 +125,6 @@ def build_layout(
         prefix_new=p_new, prefix_first=req_start,
         branch_new=b_new, branch_first=req_start[b_req] + p_new[b_req] + first_in_req,
     )
-
-
-def _query_runs(layout: AttentionLayout, tile: int) -> tuple[torch.Tensor, int]:
-    # see AttentionLayout.query_runs; branches first (they see the most keys)
-    lay = layout.to("cpu")
-    reqs, brs = torch.arange(lay.num_requests), torch.arange(lay.num_branches)
-    b_req = lay.branch_request
-    first = torch.cat((lay.branch_first, lay.prefix_first))
-    count = torch.cat((lay.branch_new, lay.prefix_new))
-    shared_start = torch.cat((b_req, reqs)) * lay.prefix_cap
-    shared_len = torch.cat((lay.prefix_len[b_req], torch.zeros_like(reqs)))
-    own_source = torch.cat((torch.zeros_like(brs), torch.ones_like(reqs)))
-    own_start = torch.cat((brs * lay.branch_cap, reqs * lay.prefix_cap))
-    before = torch.cat((lay.branch_len - lay.branch_new, lay.prefix_len - lay.prefix_new))
-    tiles = (count + tile - 1) // tile  # a run with no rows gets no tile
-    run = torch.repeat_interleave(torch.arange(count.numel()), tiles)
-    offset = (torch.arange(run.numel()) - _exclusive_cumsum(tiles)[run]) * tile
-    q_len = torch.minimum(count[run] - offset, torch.tensor(tile))
-    runs = torch.stack((first[run] + offset, q_len, shared_start[run], shared_len[run],
-                        own_source[run], own_start[run], before[run] + offset), dim=1)
-    keys = runs[:, 3] + runs[:, 6] + runs[:, 1]
-    return runs.contiguous(), int(keys.max()) if keys.numel() else 0
 
 
 @dataclass

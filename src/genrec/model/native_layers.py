@@ -13,20 +13,16 @@ PyTorch path to float rounding (the reductions run in another order).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from genrec.kernels import decoder_layers_op
-from genrec.model.attention import RUN_MAX_KEYS, RUN_ROWS
-from genrec.model.beam_step import BeamStepLayout
+from genrec.model.forward_layout import ForwardLayout
 from genrec.model.kv_cache import KVCache
 from genrec.model.layers import derived, packed_linear
-from genrec.model.layout import AttentionLayout, Readout
+from genrec.model.layout import Readout
 from genrec.model.native_gemm import gemm_form, gemm_setting
-
-if TYPE_CHECKING:
-    from genrec.model.decoder import DecoderLM
 
 
 @dataclass(frozen=True)
@@ -51,7 +47,7 @@ def _packed(owner: torch.nn.Module, layers: tuple[torch.nn.Linear, ...],
     return packed_linear(owner, layers, in_scale, torch.float32, form)
 
 
-def _layer_args(model: DecoderLM) -> LayerArgs:
+def _layer_args(model: nn.Module) -> LayerArgs:
     def build() -> tuple[LayerArgs]:
         weights, biases, q_norm, k_norm = [], [], [], []
         for layer in model.model.layers:
@@ -81,7 +77,7 @@ def _layer_args(model: DecoderLM) -> LayerArgs:
     return derived(model, ("native_layers", gemm_setting()), params, build)[0]
 
 
-def _applies(model: DecoderLM, embeds: torch.Tensor) -> bool:
+def _applies(model: nn.Module, embeds: torch.Tensor) -> bool:
     return (embeds.device.type == "cpu" and embeds.dtype == torch.float32
             and model.dtype == torch.float32 and not model.training
             and not (torch.is_grad_enabled() and (
@@ -90,44 +86,35 @@ def _applies(model: DecoderLM, embeds: torch.Tensor) -> bool:
 
 
 def native_forward(
-    model: DecoderLM, embeds: torch.Tensor, positions: torch.Tensor | None,
-    layout: AttentionLayout | BeamStepLayout | object, cache: KVCache,
-    readout: Readout | None = None,
+    model: nn.Module, embeds: torch.Tensor, positions: torch.Tensor | None,
+    layout: ForwardLayout, cache: KVCache, readout: Readout | None = None,
 ) -> torch.Tensor | None:
-    """``model``'s forward (final-normed hidden states [T, hidden], or [K, hidden] for the
-    ``readout`` rows) in one native call; None where it does not apply (the caller runs the
-    PyTorch layers). Handles beam steps (``positions`` unused: the kernel derives them from
-    the layout) and forwards of prompts alone."""
+    """The forward of ``model`` (a ``DecoderLM``: final-normed hidden states [T, hidden], or
+    [K, hidden] for the ``readout`` rows) in one native call; None where it does not apply
+    (the caller runs the PyTorch layers) or the layout has no native tables
+    (``ForwardLayout.native_tables``: beam steps, whose positions the kernel derives, and
+    forwards of prompts alone)."""
     if not _applies(model, embeds):
         return None
-    beam = isinstance(layout, BeamStepLayout)
-    write_rows = tasks = last_rows = last_tasks = None
-    if beam:
-        if cache.prefix_capacity + layout.level > RUN_MAX_KEYS or readout is not None:
-            return None
-    elif isinstance(layout, AttentionLayout) and not layout.branch_tokens.numel():
-        tasks, most_keys = layout.query_runs(RUN_ROWS)
-        if most_keys > RUN_MAX_KEYS:
-            return None
-        write_rows = layout.prefix_slots
-        if readout is not None:
-            last_tasks, most_keys = readout.layout.query_runs(RUN_ROWS)
-            if most_keys > RUN_MAX_KEYS:
-                return None
-            last_rows = readout.rows
-    else:
+    tables = layout.native_tables(cache.prefix_capacity, readout is not None)
+    if tables is None:
         return None
+    last_rows = last_tasks = None
+    if readout is not None:
+        last_tasks = readout.layout.kernel_runs(cache.prefix_capacity)
+        if last_tasks is None:
+            return None
+        last_rows = readout.rows
     args = _layer_args(model)
     caches = [cache.layer_caches(i) for i in range(len(model.model.layers))]
     attn, rotary = model.model.layers[0].self_attn, model.rotary
     eps = model.model.layers[0].input_layernorm.eps
     head_eps = attn.q_norm.eps if attn.qk_norm else 0.0
     return decoder_layers_op()(
-        embeds.contiguous(), None if beam else positions, rotary.inv_freq(embeds.device),
-        rotary.attention_factor, args.weights, args.biases, args.q_norm, args.k_norm,
-        args.final_norm, [c[0] for c in caches], [c[1] for c in caches],
-        [c[2] for c in caches], [c[3] for c in caches], write_rows, tasks, last_rows,
-        last_tasks, args.last_qkv, layout.prefix_len if beam else None,
-        layout.ancestry if beam else None, layout.width if beam else 0,
-        layout.level if beam else 0, attn.heads, attn.kv_heads, eps, head_eps,
-        attn.scale_free, attn.scale)
+        embeds.contiguous(), None if layout.derives_positions else positions,
+        rotary.inv_freq(embeds.device), rotary.attention_factor, args.weights, args.biases,
+        args.q_norm, args.k_norm, args.final_norm, [c[0] for c in caches],
+        [c[1] for c in caches], [c[2] for c in caches], [c[3] for c in caches],
+        tables.write_rows, tables.tasks, last_rows, last_tasks, args.last_qkv,
+        tables.prefix_len, tables.ancestry, tables.width, tables.level, attn.heads,
+        attn.kv_heads, eps, head_eps, attn.scale_free, attn.scale)

@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 import torch
 
 from genrec.model.attend import attend_output
+from genrec.model.attention import RUN_MAX_KEYS, RUN_ROWS
 from genrec.model.beam_step import branch_attention
-
-_RUN_ROWS = 64  # prefix query rows per run of the native kernel
+from genrec.model.forward_layout import ForwardLayout
+from genrec.model.kv_cache import KVCache
 
 
 @dataclass
-class ScoreGridLayout:
+class ScoreGridLayout(ForwardLayout):
     """The grid of one scoring forward (see the module docstring): ``used`` [R] real
     prefix slots per request (on the device), ``prefix_cap`` P, ``width`` C candidates per
     request, ``branch_len`` k tokens per candidate."""
@@ -74,12 +75,12 @@ class ScoreGridLayout:
         if "runs" not in self._derived:
             dev = self.used.device
             n_req, cap, k = self.num_requests, self.prefix_cap, self.branch_len
-            tiles = (cap + _RUN_ROWS - 1) // _RUN_ROWS
+            tiles = (cap + RUN_ROWS - 1) // RUN_ROWS
             req = torch.arange(n_req, device=dev).repeat_interleave(tiles, output_size=n_req *
                                                                     tiles)
-            offset = torch.arange(tiles, device=dev).repeat(n_req) * _RUN_ROWS
+            offset = torch.arange(tiles, device=dev).repeat(n_req) * RUN_ROWS
             zeros = torch.zeros_like(req)
-            prefix = torch.stack((req * cap + offset, (cap - offset).clamp(max=_RUN_ROWS),
+            prefix = torch.stack((req * cap + offset, (cap - offset).clamp(max=RUN_ROWS),
                                   zeros, zeros, zeros + 1, req * cap, offset), dim=1)
             branch = torch.arange(self.num_branches, device=dev)
             b_req = branch // self.width
@@ -92,6 +93,22 @@ class ScoreGridLayout:
     def most_keys(self) -> int:
         """The most keys a query row sees (a Python int, fixed by the grid's shape)."""
         return self.prefix_cap + self.branch_len
+
+    def write_cache(
+        self, cache: KVCache, layer: int, k: torch.Tensor, v: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        # every slot written: the rows themselves are the cache
+        return cache.keep(layer, k, v, (self.num_requests, self.prefix_cap),
+                          (self.num_branches, self.branch_len))
+
+    def kernel_runs(self, prefix_cap: int) -> torch.Tensor | None:
+        return self.runs() if self.most_keys() <= RUN_MAX_KEYS else None
+
+    def attend_portable(
+        self, q: torch.Tensor, prefix_k: torch.Tensor, prefix_v: torch.Tensor,
+        branch_k: torch.Tensor, branch_v: torch.Tensor, scale: float,
+    ) -> torch.Tensor:
+        return grid_attention_portable(q, prefix_k, prefix_v, branch_k, branch_v, self, scale)
 
 
 def grid_attention_portable(

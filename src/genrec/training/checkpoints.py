@@ -85,3 +85,13 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def write_train_args(out: Path, args: dict, resume: bool) -> None:
+    """A run's options in ``out/train_args.json`` (kept as first written on ``resume``); the
+    folder is made."""
+    from genrec.utils.atomic import atomic_write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    if not (resume and (out / "train_args.json").is_file()):
+        atomic_write_json(out / "train_args.json", args)
