@@ -136,13 +136,6 @@ def cyclic_groups(graph: dict[str, set[str]]) -> list[frozenset[str]]:
     return groups
 
 
-# Cycles being removed by work in progress elsewhere; each entry goes once its cycle does
-# (the test fails for an entry whose cycle is gone). Empty it; never add to it.
-KNOWN_OPEN_CYCLES = {
-    frozenset({"genrec.model.decoder", "genrec.model.native_layers"}),
-}
-
-
 def test_the_graph_is_read_from_the_source() -> None:
     graph = import_graph()
     assert {"genrec.serving.service", "genrec.serving.worker"} <= graph["genrec.serving.app"]
@@ -169,13 +162,9 @@ def test_cyclic_groups_finds_every_cycle() -> None:
 
 def test_no_import_cycles_counting_function_and_type_checking_imports() -> None:
     graph = import_graph(functions=True, type_checking=True)
-    groups = set(cyclic_groups(graph))
-    new = groups - KNOWN_OPEN_CYCLES
-    shown = [" -> ".join(find_cycle({m: graph[m] & g for m in g}) or sorted(g)) for g in new]
-    assert not new, "import cycles: " + "; ".join(sorted(shown))
-    assert not KNOWN_OPEN_CYCLES - groups, ("no longer a cycle, remove from "
-                                            "KNOWN_OPEN_CYCLES: "
-                                            f"{[sorted(g) for g in KNOWN_OPEN_CYCLES - groups]}")
+    groups = cyclic_groups(graph)
+    shown = [" -> ".join(find_cycle({m: graph[m] & g for m in g}) or sorted(g)) for g in groups]
+    assert not groups, "import cycles: " + "; ".join(sorted(shown))
 
 
 def test_serving_does_not_import_the_commands() -> None:
