@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from genrec.catalog.id_map import IdMap
 from genrec.live_catalog.compaction import CatalogStats, CompactionEvent
-from genrec.live_catalog.served import PreparedUpdate
+from genrec.live_catalog.update_plan import PreparedUpdate
 from genrec.serving.messages import Batch, CatalogOp, CatalogUpdate, Message, Reply
 from genrec.serving.worker import Worker
 
