@@ -79,7 +79,7 @@ def _child_main(spec: AppSpec, conn: Any) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         from genrec.serving.components import build_worker, load_components
-        from genrec.serving.server import freeze_heap
+        from genrec.serving.uvicorn_server import freeze_heap
 
         worker = build_worker(load_components(spec), spec.config)
         freeze_heap()  # loaded: full collections skip it from now on
