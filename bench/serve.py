@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         del ranker
     print("offline: " + ", ".join(f"{k} {v:.1f} req/s" for k, v in offline.items()),
           flush=True)
-    from genrec.serving.server import free_port
+    from genrec.serving.uvicorn_server import free_port
 
     settings = ["off", "on"] if args.overlap == "compare" else [args.overlap]
     records = []

@@ -20,7 +20,7 @@ from serving_support import N_ITEMS, RECOMMEND, is_ready, post, wait_until
 from genrec import Engine
 from genrec.catalog import SemanticIndex
 from genrec.model import save_model
-from genrec.serving.server import free_port
+from genrec.serving.uvicorn_server import free_port
 
 
 def start(model: Path, *args: str, env: dict | None = None) -> tuple[subprocess.Popen, str]:

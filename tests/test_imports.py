@@ -138,8 +138,8 @@ def cyclic_groups(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 
 def test_the_graph_is_read_from_the_source() -> None:
     graph = import_graph()
-    assert {"genrec.serving.service", "genrec.serving.worker"} <= graph["genrec.serving.app"]
-    assert "genrec.serving.schemas" in graph["genrec.serving.app"]  # from package import module
+    assert {"genrec.serving.endpoints", "genrec.serving.worker"} <= graph["genrec.serving.http_app"]
+    assert "genrec.serving.schemas" in graph["genrec.serving.routes"]  # from package import module
     assert "genrec.serving.messages" in graph["genrec.serving.worker"]
     # imports in functions and under TYPE_CHECKING are read only when asked for
     process = "genrec.serving.engine_process"

@@ -62,7 +62,7 @@ def test_model_ids_fall_back_to_row_numbers() -> None:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple]:
     from serving_support import is_ready
 
-    from genrec.serving.server import free_port
+    from genrec.serving.uvicorn_server import free_port
 
     state = tmp_path_factory.mktemp("ids") / "state"
     port = free_port()

@@ -29,7 +29,7 @@ from serving_support import is_ready
 from genrec import BeamParams, Engine
 from genrec.engine import RowRequest
 from genrec.live_catalog.served import ServiceCatalog
-from genrec.serving.server import free_port
+from genrec.serving.uvicorn_server import free_port
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="kills the server with SIGKILL")
 

@@ -20,8 +20,8 @@ from serving_support import N_ITEMS, RECOMMEND, SIZES, offline, post, wait_until
 from genrec import Engine
 from genrec.engine import RowRequest
 from genrec.serving import BackgroundServer, ServeConfig, Worker
+from genrec.serving.app_loader import load_app
 from genrec.serving.engine_process import EngineProcess
-from genrec.serving.launch import load_app
 from genrec.serving.messages import RecommendBatch
 from genrec.serving.spec import AppSpec
 

@@ -43,7 +43,7 @@ def test_recommend_is_the_offline_ensemble_across_catalog_updates(
     import httpx
 
     from genrec.serving import BackgroundServer, ServeConfig
-    from genrec.serving.launch import load_app
+    from genrec.serving.app_loader import load_app
     from genrec.serving.spec import AppSpec
 
     paths = [_checkpoint(tmp_path / f"m{seed}", seed) for seed in (1, 2, 3)]
@@ -76,7 +76,7 @@ def test_recommend_is_the_offline_ensemble_across_catalog_updates(
 
 
 def test_members_that_cannot_be_ensembled_are_refused(tmp_path: Path) -> None:
-    from genrec.serving.launch import load_app
+    from genrec.serving.app_loader import load_app
     from genrec.serving.spec import AppSpec
 
     plain = _checkpoint(tmp_path / "plain", 1)

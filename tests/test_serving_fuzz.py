@@ -45,7 +45,7 @@ from genrec.live_catalog.served import ServiceCatalog
 from genrec.live_catalog.state import CatalogState
 from genrec.serving import BackgroundServer, create_app
 from genrec.serving.backends import RankerCatalogUpdater
-from genrec.serving.server import free_port
+from genrec.serving.uvicorn_server import free_port
 
 settings.register_profile(
     "fuzz-ci", deadline=None, derandomize=True, database=None, print_blob=False,

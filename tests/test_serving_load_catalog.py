@@ -37,7 +37,7 @@ from serving_load_server import random_catalog
 
 from genrec.catalog.semantic_ids import mixed_radix_key
 from genrec.live_catalog.compaction import compaction_threshold
-from genrec.serving.server import free_port
+from genrec.serving.uvicorn_server import free_port
 
 N_ITEMS = int(os.environ.get("GENREC_LOAD_ITEMS", 1_000_000))
 TIMED = os.environ.get("GENREC_LOAD_TIMED") == "1"

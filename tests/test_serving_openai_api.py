@@ -29,7 +29,7 @@ from genrec import Engine
 from genrec.serving import BackgroundServer, ServeConfig, create_app
 from genrec.serving.completions import item_text
 from genrec.serving.openai_api import openai_error
-from genrec.serving.server import free_port
+from genrec.serving.uvicorn_server import free_port
 
 HISTORY = [3, 17, 8]
 

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 from genrec import Engine
 from genrec.cli import app as cli
 from genrec.serving.ray_app import CATALOG_PATH, REPLICA_HEADER
-from genrec.serving.server import free_port
+from genrec.serving.uvicorn_server import free_port
 
 # Ray Serve's own pydantic models warn on import (pydantic 2 deprecations inside Ray).
 pytestmark = pytest.mark.filterwarnings("ignore::pydantic.PydanticDeprecatedSince20")

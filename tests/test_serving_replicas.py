@@ -25,7 +25,7 @@ from serving_support import N_ITEMS, RECOMMEND, is_ready, post, rows, wait_until
 from genrec import Engine
 from genrec.live_catalog.follow import read_state
 from genrec.model import save_model
-from genrec.serving.server import free_port
+from genrec.serving.uvicorn_server import free_port
 
 WIDE = {"history": [3, 17, 8], "beam_width": N_ITEMS, "n": N_ITEMS}  # every live item
 OWNED = (range(20, 30), range(30, 40))  # the items each writer updates (none in WIDE's history)

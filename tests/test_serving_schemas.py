@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from genrec.serving import schemas as S
-from genrec.serving.app import validation_detail
+from genrec.serving.http_errors import validation_detail
 
 
 def _fields(model: type, raw: str) -> list[str]:

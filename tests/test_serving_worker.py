@@ -15,7 +15,7 @@ from serving_support import N_ITEMS, EngineRanker, Updater, tiny_engine
 from genrec import BeamParams, Engine, ScoreParams, ScoreRequest
 from genrec.engine import RowRequest
 from genrec.live_catalog.compaction import CatalogStats
-from genrec.live_catalog.served import CatalogChange
+from genrec.live_catalog.update_plan import CatalogChange
 from genrec.serving import RankRequest, Worker
 from genrec.serving.messages import (
     Batch,

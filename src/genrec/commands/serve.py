@@ -108,8 +108,8 @@ def serve(
         typer.echo("error: --engine-process is for the single-process server, not --ray",
                    err=True)
         raise typer.Exit(code=1)
+    from genrec.serving.app_loader import load_app
     from genrec.serving.auth import check_bind, keys_from_env
-    from genrec.serving.launch import load_app
     from genrec.serving.spec import AppSpec, ServeConfig
 
     try:

@@ -14,12 +14,12 @@ only the records after V (temp file, fsync, rename, fsync of the directory), the
 older bases. A crash between the steps opens to the same catalog: the newest readable base,
 then the log's records after it.
 
-One process writes a directory at a time: it holds the directory's lock file (``flock``)
-while the log is open, or, ``shared`` (several processes serving one directory, see
-:mod:`genrec.live_catalog.follow`), only for each write (:meth:`CatalogLog.hold`): the
-writer catches up to the log's end (:meth:`CatalogLog.adopt`, which also cuts off a torn tail
-a dead writer left), appends, and lets go; a fold then holds it from the base's write to the
-log's swap.
+One process writes a directory at a time: it holds the directory's lock file
+(:mod:`genrec.live_catalog.dir_lock`) while the log is open, or, ``shared`` (several processes
+serving one directory, see :mod:`genrec.live_catalog.follow`), only for each write
+(:meth:`CatalogLog.hold`): the writer catches up to the log's end (:meth:`CatalogLog.adopt`,
+which also cuts off a torn tail a dead writer left), appends, and lets go; a fold then holds
+it from the base's write to the log's swap.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import contextlib
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from genrec.live_catalog.base import (
     sync_dir,
     write_base,
 )
+from genrec.live_catalog.dir_lock import LOCK_WAIT_S, can_lock, lock_dir, try_lock, unlock
 from genrec.live_catalog.follow import LOG_FILE, StoredCatalog, TailState, read_dir
 from genrec.live_catalog.follow import read_state as read_state  # with the log's names
 from genrec.live_catalog.log_format import (
@@ -56,15 +56,7 @@ from genrec.live_catalog.log_format import (
 )
 from genrec.utils.atomic import atomic_write
 
-try:
-    import fcntl
-except ImportError:  # not on Windows: no guard against a second writer there
-    fcntl = None  # type: ignore[assignment]
-
 logger = logging.getLogger("genrec.serving")
-
-LOCK_FILE = "lock"
-LOCK_WAIT_S = 30.0  # longest wait for another process's write (or fold) to let go
 
 
 @dataclass(frozen=True)
@@ -84,28 +76,6 @@ class LogMark:
     version: int
     offset: int
     inode: int = 0
-
-
-def _flock(lock_file: Any, wait_s: float) -> bool:
-    # lock ``lock_file`` exclusively, waiting up to ``wait_s``; False: still held elsewhere
-    end = time.monotonic() + wait_s
-    while True:
-        try:
-            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except OSError:
-            if time.monotonic() >= end:
-                return False
-            time.sleep(0.002)
-
-
-def _lock(directory: Path, wait_s: float = 0.0) -> Any:
-    # the directory's lock file, locked (released when closed, or when the process dies)
-    lock_file = open(directory / LOCK_FILE, "a")
-    if fcntl is not None and not _flock(lock_file, wait_s):
-        lock_file.close()
-        raise CatalogLogError(f"{directory}: in use by another process") from None
-    return lock_file
 
 
 def _write_log(path: Path, after: int, base: bool, tail: bytes = b"") -> int:
@@ -148,7 +118,7 @@ class CatalogLog:
         if not directory.is_dir():
             directory.mkdir(parents=True, exist_ok=True)
             sync_dir(directory.parent)
-        lock_file = _lock(directory, LOCK_WAIT_S if shared else 0.0)
+        lock_file = lock_dir(directory, LOCK_WAIT_S if shared else 0.0)
         try:
             for stale in directory.glob(".*.tmp"):  # an atomic write a crash interrupted
                 stale.unlink()
@@ -167,8 +137,8 @@ class CatalogLog:
             lock_file.close()
             raise
         finally:
-            if shared and fcntl is not None and not lock_file.closed:
-                fcntl.flock(lock_file, fcntl.LOCK_UN)
+            if shared and not lock_file.closed:
+                unlock(lock_file)
         return log, stored
 
     @contextlib.contextmanager
@@ -176,16 +146,16 @@ class CatalogLog:
         """Hold the directory's lock (``shared``: taken here, waiting up to
         :data:`LOCK_WAIT_S` for another process's write; else held since :meth:`open`)."""
         with self._holder:
-            if not self.shared or fcntl is None:
+            if not self.shared or not can_lock():
                 yield
                 return
-            if not _flock(self._lock_file, LOCK_WAIT_S):
+            if not try_lock(self._lock_file, LOCK_WAIT_S):
                 raise RuntimeError(f"{self.directory}: another process held the catalog lock "
                                    f"for {LOCK_WAIT_S:.0f} s")
             try:
                 yield
             finally:
-                fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+                unlock(self._lock_file)
 
     def tail_state(self) -> TailState:
         """Where this log's file ends (its last good record): a reader's position there."""

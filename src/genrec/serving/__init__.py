@@ -1,17 +1,17 @@
 """HTTP serving (``genrec serve``): FastAPI app, dynamic batching, metrics, uvicorn runner.
 
-A request goes route (:mod:`~genrec.serving.app`) -> :class:`~genrec.serving.service.Service`
+A request goes route (:mod:`~genrec.serving.routes`) -> :class:`~genrec.serving.endpoints.Service`
 (checks it alone) -> :class:`BatchScheduler` (batches by message,
 :mod:`~genrec.serving.messages`) -> :class:`Worker` (or the engine-process proxy) -> engine.
 
 Needs the ``serve`` extras (fastapi, uvicorn, prometheus-client).
 """
 
-from genrec.serving.app import build_app, create_app
 from genrec.serving.backends import CatalogUpdater, Ranker, RankRequest
+from genrec.serving.http_app import build_app, create_app
 from genrec.serving.scheduler import BatchScheduler
-from genrec.serving.server import BackgroundServer, run_server
 from genrec.serving.spec import ServeConfig
+from genrec.serving.uvicorn_server import BackgroundServer, run_server
 from genrec.serving.worker import BatchWorker, Worker
 
 __all__ = [

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from genrec.catalog.id_map import IdMap
 from genrec.live_catalog.compaction import CatalogStats, CompactionEvent
-from genrec.live_catalog.served import PreparedUpdate
+from genrec.live_catalog.update_plan import PreparedUpdate
 from genrec.serving.messages import Batch, CatalogOp, CatalogUpdate, Message, Reply
 from genrec.serving.worker import Worker
 
@@ -79,7 +79,7 @@ def _child_main(spec: AppSpec, conn: Any) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         from genrec.serving.components import build_worker, load_components
-        from genrec.serving.server import freeze_heap
+        from genrec.serving.uvicorn_server import freeze_heap
 
         worker = build_worker(load_components(spec), spec.config)
         freeze_heap()  # loaded: full collections skip it from now on

@@ -10,8 +10,8 @@ messages share one engine call) and what crosses the engine process's pipe with 
   ``Versioned[list[Tensor]]`` (one ``[N, K]`` tensor per ``ScoreRequest``);
 - :class:`RankBatch`: ``RankRequest`` -> ``Versioned[Tensor]`` (1-D scores);
 - :class:`CatalogUpdate`: :class:`CatalogOp` (or a
-  :class:`~genrec.live_catalog.served.PreparedUpdate`, which stays in its process) ->
-  :class:`~genrec.live_catalog.served.CatalogChange`. Its ``seq`` makes every update a group of
+  :class:`~genrec.live_catalog.update_plan.PreparedUpdate`, which stays in its process) ->
+  :class:`~genrec.live_catalog.update_plan.CatalogChange`. Its ``seq`` makes every update a group of
   its own: updates never batch together.
 
 Adding a kind of work is one message class here and one method of

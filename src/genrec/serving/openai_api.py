@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from genrec.serving.auth import Receive, Scope, Send
-from genrec.serving.service import ApiError
+from genrec.serving.endpoints import ApiError
 
 COMPLETIONS = "/v1/completions"
 MODELS = "/v1/models"
@@ -57,7 +57,7 @@ def model_list(name: str, created: int) -> dict[str, Any]:
 
 
 def check_model(requested: str | None, served: str) -> None:
-    """Raise :class:`~genrec.serving.service.ApiError` 404 naming ``model`` when a request
+    """Raise :class:`~genrec.serving.endpoints.ApiError` 404 naming ``model`` when a request
     names a model this server does not serve; ``None`` (not named) is the served one."""
     if requested is not None and requested != served:
         raise ApiError(404, f"model: the model '{requested}' does not exist (this server serves "

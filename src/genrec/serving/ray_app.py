@@ -3,7 +3,7 @@
 
 Each replica is a separate process that loads the model itself from the same paths (one
 :class:`~genrec.serving.spec.AppSpec`) and builds the app with
-:func:`~genrec.serving.launch.load_app`, the loader of the single-process ``genrec serve``:
+:func:`~genrec.serving.app_loader.load_app`, the loader of the single-process ``genrec serve``:
 routes, dynamic batching, errors, draining and metrics are the same, per replica. Ray
 Serve's HTTP proxy listens on the given host and port and spreads the requests over the
 replicas; every answer carries ``X-Genrec-Replica``, the id of the replica that served it.
@@ -29,9 +29,9 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from genrec.serving.launch import load_app
-from genrec.serving.server import freeze_heap
+from genrec.serving.app_loader import load_app
 from genrec.serving.spec import AppSpec
+from genrec.serving.uvicorn_server import freeze_heap
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

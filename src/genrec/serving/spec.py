@@ -31,7 +31,7 @@ class ServeConfig:
     # never shown in a repr or a log line
     api_key: str | None = field(default=None, repr=False)
     admin_key: str | None = field(default=None, repr=False)
-    # directory of the durable catalog (serving/catalog_log.py); None: updates in memory only
+    # directory of the durable catalog (live_catalog/log.py); None: updates in memory only
     catalog_state: str | None = None
     # pack batch k+1 while batch k runs (serving/scheduler.py Stages); None: on a GPU only
     overlap: bool | None = None

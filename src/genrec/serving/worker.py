@@ -33,7 +33,8 @@ from genrec.engine.ensemble import Ensemble
 from genrec.live_catalog.compaction import CatalogStats
 from genrec.live_catalog.follow import POLL_S, LogPoller
 from genrec.live_catalog.ids import model_ids
-from genrec.live_catalog.served import CatalogChange, PreparedUpdate, ServiceCatalog
+from genrec.live_catalog.served import ServiceCatalog
+from genrec.live_catalog.update_plan import CatalogChange, PreparedUpdate
 from genrec.serving.backends import CatalogUpdater, Ranker, RankRequest
 from genrec.serving.messages import (
     CatalogOp,

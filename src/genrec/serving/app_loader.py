@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from genrec.serving.app import build_app
 from genrec.serving.components import build_worker, load_components
 from genrec.serving.engine_process import EngineProcess
+from genrec.serving.http_app import build_app
 from genrec.serving.spec import AppSpec
 from genrec.serving.worker import BatchWorker
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 def load_app(spec: AppSpec, device: str | None = None) -> FastAPI:
     """Load what ``spec`` names (:func:`load_components`) into a
     :class:`~genrec.serving.worker.Worker` and build the app around it
-    (:func:`genrec.serving.app.build_app`); with ``spec.config.engine_process``, the batches
+    (:func:`genrec.serving.http_app.build_app`); with ``spec.config.engine_process``, the batches
     run in a child process that loads the same
     (:class:`~genrec.serving.engine_process.EngineProcess`; the local worker then checks
     requests and mirrors catalog updates).

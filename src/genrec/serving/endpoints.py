@@ -23,8 +23,9 @@ import torch
 from genrec.catalog.assign import IdAssigner, assign_upserts
 from genrec.catalog.id_map import item_keys
 from genrec.engine import RowRequest, ScoreRequest
-from genrec.live_catalog.served import CatalogChange, PreparedUpdate, ServiceCatalog
+from genrec.live_catalog.served import ServiceCatalog
 from genrec.live_catalog.state import CatalogState
+from genrec.live_catalog.update_plan import CatalogChange, PreparedUpdate
 from genrec.serving import schemas as S
 from genrec.serving.admission import Admission
 from genrec.serving.backends import RankRequest

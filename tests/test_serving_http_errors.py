@@ -31,7 +31,7 @@ from serving_support import (
 from genrec import Engine
 from genrec.model import save_model
 from genrec.serving import BackgroundServer, RankRequest, ServeConfig, create_app
-from genrec.serving.server import free_port
+from genrec.serving.uvicorn_server import free_port
 
 BAD = [
     ("/v1/recommend", {"history": "abc"}, 422, "history"),
