@@ -16,9 +16,9 @@ from genrec import (
 )
 from genrec.catalog.semantic_ids import group_counter, mixed_radix_key
 from genrec.engine import RowRequest  # noqa: E402
-from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID
 from genrec.live_catalog.state import CatalogState
 from genrec.model import ModelConfig, build_model
+from genrec.vocab.sid_vocab import NUM_SPECIAL, SOFT_ID
 
 LEVELS, CODES, HISTORY = 3, 256, 20
 

@@ -38,8 +38,8 @@ from common import time_fn  # noqa: E402
 from genrec import BeamParams, Engine  # noqa: E402
 from genrec.catalog.semantic_ids import SemanticIndex  # noqa: E402
 from genrec.engine import RowRequest  # noqa: E402
-from genrec.generative.vocab import NUM_SPECIAL, SidVocab  # noqa: E402
 from genrec.live_catalog.state import CatalogState  # noqa: E402
+from genrec.vocab.sid_vocab import NUM_SPECIAL, SidVocab  # noqa: E402
 
 Json = dict[str, Any]
 QUIET_WAIT = [0.0]  # --quiet-wait, set by main

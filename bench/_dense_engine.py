@@ -23,11 +23,11 @@ from genrec.engine.beam import BeamResult, level_logprobs, prompt_forward
 from genrec.engine.engine import Engine
 from genrec.engine.params import BeamParams
 from genrec.engine.requests import RowRecommendation, RowRequest
-from genrec.generative.vocab import BOS_ID
 from genrec.model.beam_step import BeamStepLayout, advance_ancestry
 from genrec.model.decoder import DecoderLM
 from genrec.model.kv_cache import KVCache
 from genrec.model.layout import AttentionLayout
+from genrec.vocab.sid_vocab import BOS_ID
 
 _NEG_INF = float("-inf")
 

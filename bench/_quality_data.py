@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from genrec.data.split import Example
-from genrec.evaluation.metrics import ranking_metrics, target_ranks
+from genrec.evaluation.topk_metrics import ranking_metrics, target_ranks
 
 #: What RecBole 1.2.1 runs with beside genrec here (its newest releases of numpy / pandas break
 #: it; torch 2.13 needs only the ``torch.load`` shim of the worker).

@@ -37,8 +37,8 @@ from common import start_server as start_genrec  # noqa: E402
 
 from genrec.catalog.semantic_ids import SemanticIndex  # noqa: E402
 from genrec.data import load_table_dataset  # noqa: E402
-from genrec.generative.vocab import INDEX_FILE  # noqa: E402
 from genrec.serving.uvicorn_server import free_port  # noqa: E402
+from genrec.vocab.sid_vocab import INDEX_FILE  # noqa: E402
 
 _RATE = re.compile(r"(\d+) users in ([\d.]+) s \(([\d.]+) users/s\)")
 

@@ -45,9 +45,9 @@ from common import (  # noqa: E402
 from genrec import BeamParams, Engine, EngineConfig  # noqa: E402
 from genrec.catalog.semantic_ids import SemanticIndex  # noqa: E402
 from genrec.engine import RowRequest  # noqa: E402
-from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab  # noqa: E402
 from genrec.kernels import packed_linear_op  # noqa: E402
 from genrec.model.native_gemm import pack_weight  # noqa: E402
+from genrec.vocab.sid_vocab import NUM_SPECIAL, SOFT_ID, SidVocab  # noqa: E402
 
 LEVELS, CODES = 4, 256
 

@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from genrec import BeamParams, Engine, EngineConfig  # noqa: E402
 from genrec.catalog.semantic_ids import SemanticIndex  # noqa: E402
 from genrec.engine import RowRequest  # noqa: E402
-from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab  # noqa: E402
 from genrec.model import ModelConfig, build_model  # noqa: E402
+from genrec.vocab.sid_vocab import NUM_SPECIAL, SOFT_ID, SidVocab  # noqa: E402
 
 EXCLUDE_SIZES = (0, 10, 100, 1000)
 

@@ -75,9 +75,9 @@ from genrec import (  # noqa: E402
 from genrec.catalog.item_table import ItemTable  # noqa: E402
 from genrec.catalog.semantic_ids import SemanticIndex  # noqa: E402
 from genrec.engine import RowRequest  # noqa: E402
-from genrec.generative.vocab import SOFT_ID, SidVocab  # noqa: E402
 from genrec.live_catalog.state import CatalogState  # noqa: E402
 from genrec.model import ModelConfig, build_model  # noqa: E402
+from genrec.vocab.sid_vocab import SOFT_ID, SidVocab  # noqa: E402
 
 try:  # the DuoLM prompt ids (genrec.duolm pulls in tqdm, which a bare machine may lack)
     from genrec.duolm.prompts import BOS_ID, NO_ID, SEP_ID, YES_ID

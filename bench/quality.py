@@ -1,7 +1,7 @@
 """Recommendation quality: genrec against RecBole's SASRec and popularity, on one split.
 
 Every method is scored on the same test users of genrec's leave-one-out split (last item = test
-target, full ranking over all items) by the same code (``genrec.evaluation.metrics``), twice:
+target, full ranking over all items) by the same code (``genrec.evaluation.topk_metrics``), twice:
 as ``genrec eval`` does (history items not masked: an item the user already has may be
 recommended and counts as a miss unless it is the target), and with each user's earlier items
 masked (never recommended), as RecBole does for its general models such as Pop.
@@ -64,7 +64,7 @@ from _quality_data import (  # noqa: E402
 from common import format_table, machine_note, write_json  # noqa: E402
 
 from genrec.data import load_json_dataset  # noqa: E402
-from genrec.evaluation.generative import (  # noqa: E402
+from genrec.evaluation.full_catalog import (  # noqa: E402
     evaluate_generative,
     evaluate_popularity,
     full_histories,
@@ -101,7 +101,7 @@ def genrec_side(models: list[Path], ds: Any, args: argparse.Namespace) -> tuple[
     """genrec's metrics (unmasked and masked) on the test split, of one model or of an
     ensemble (``--ensemble``: mean log-probabilities, as ``genrec eval --ensemble``); returns
     them, the examples and their full histories."""
-    from genrec.commands.evaluate import load_generative
+    from genrec.commands.eval_generative import load_generative
     from genrec.engine.ensemble import Ensemble
 
     members = [load_generative(m, ds, "test", "cpu", "--ensemble" if k else "--model")

@@ -43,7 +43,7 @@ from common import start_server as start_genrec  # noqa: E402
 from genrec import BeamParams, Engine  # noqa: E402
 from genrec.catalog.semantic_ids import SemanticIndex  # noqa: E402
 from genrec.engine import RowRequest  # noqa: E402
-from genrec.generative.vocab import NUM_SPECIAL, SidVocab  # noqa: E402
+from genrec.vocab.sid_vocab import NUM_SPECIAL, SidVocab  # noqa: E402
 
 
 def make_model(work: Path, args: argparse.Namespace) -> Path:

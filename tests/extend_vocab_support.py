@@ -11,11 +11,11 @@ import torch
 
 from genrec.catalog.embeddings import bundled_model_path
 from genrec.catalog.semantic_ids import SemanticIndex
-from genrec.generative.vocab import SidVocab
 from genrec.model import ModelConfig, build_model
 from genrec.model.checkpoint import save_model
 from genrec.training.extend_vocab import TOKENIZER_FILES, load_text_tokenizer, start_extended
 from genrec.training.initialization import init_weights
+from genrec.vocab.sid_vocab import SidVocab
 
 SIZES = [5, 4, 3]
 N_ITEMS = 40

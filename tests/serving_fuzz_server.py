@@ -30,7 +30,7 @@ from genrec.model import build_model
 from genrec.serving import ServeConfig, create_app, run_server
 from genrec.serving.auth import keys_from_env
 from genrec.serving.backends import RankerCatalogUpdater
-from genrec.training.duolm import ranker_config
+from genrec.training.duolm_task import ranker_config
 
 TOKENS_PER_ITEM, HIDDEN = 2, 32
 

@@ -18,8 +18,8 @@ import torch
 
 from genrec import Engine, EngineConfig
 from genrec.catalog.semantic_ids import SemanticIndex, group_counter, mixed_radix_key
-from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.model import ModelConfig, build_model
+from genrec.vocab.sid_vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 
 
 def random_catalog(n: int, seed: int = 0, levels: int = 3, size: int = 256

@@ -16,10 +16,10 @@ from genrec import BeamParams, Engine, EngineConfig, ScoreParams, ScoreRequest
 from genrec.catalog.item_table import ItemTable
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.engine import RowRequest
-from genrec.generative.vocab import BOS_ID, NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.model import ModelConfig, build_model
 from genrec.serving import BackgroundServer, RankRequest, ServeConfig, create_app
 from genrec.serving.openai_api import is_openai_route
+from genrec.vocab.sid_vocab import BOS_ID, NUM_SPECIAL, SOFT_ID, SidVocab
 
 SIZES = [5, 4, 3]
 N_ITEMS = 40

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from genrec.model import attention, build_layout, packed_layout
-from genrec.model.attend import attend, attend_math
 from genrec.model.beam_step import BeamStepLayout, advance_ancestry
+from genrec.model.grid_attention import attend, attend_math
 from genrec.model.kv_cache import KVCache
 
 pytestmark = pytest.mark.numerics

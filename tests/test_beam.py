@@ -9,8 +9,8 @@ from search_reference import exhaustive_top
 from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.engine import RowRequest
-from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.model import ModelConfig, build_model
+from genrec.vocab.sid_vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 
 SIZES = [5, 4, 3]
 

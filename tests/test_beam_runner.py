@@ -12,8 +12,8 @@ from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.engine import RowRequest
 from genrec.engine.beam_runner import bucket
 from genrec.engine.search_buffers import prefix_bucket
-from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.model import ModelConfig, build_model
+from genrec.vocab.sid_vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 
 SIZES = [6, 5, 4]
 N_ITEMS = 60

@@ -21,7 +21,7 @@ import _recbole_worker as worker  # noqa: E402
 import quality  # noqa: E402
 
 from genrec.data.split import leave_one_out  # noqa: E402
-from genrec.evaluation.generative import full_histories, split_examples  # noqa: E402
+from genrec.evaluation.full_catalog import full_histories, split_examples  # noqa: E402
 
 SEQS = [[5, 3, 9, 1, 0], [2, 2, 7], [8, 6, 4, 3, 5, 1, 9, 0, 2, 7, 11, 10]]
 

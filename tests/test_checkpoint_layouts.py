@@ -18,10 +18,10 @@ from hf_layouts import PUBLISHED, VOCAB, hf_logprobs, hf_model, make_checkpoint,
 from genrec import BeamParams, Engine, EngineConfig, ScoreParams
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.engine import RowRequest
-from genrec.generative.vocab import SOFT_ID, SidVocab
 from genrec.model import build_layout, load_model, save_model
 from genrec.training.extend_vocab import adapt_pretrained
-from genrec.training.generative import GenerativeTask, batch_loss
+from genrec.training.generative_task import GenerativeTask, batch_loss
+from genrec.vocab.sid_vocab import SOFT_ID, SidVocab
 
 NAMES = list(PUBLISHED)
 ORIGINAL_MAX = 64

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_commands_generative import invoke, runner
+from test_commands_train_generative import invoke, runner
 
 from genrec import BeamParams, Engine
 from genrec.cli import app
@@ -119,7 +119,7 @@ def test_ranker_reranks_the_beam(trained: tuple[Path, Path, dict], tmp_path: Pat
     """--ranker: each user's --beam-width items ordered by the DuoLM student's scores, the best
     --n kept (the same items as the beam, in the ranker's order); the catalog encoded on the
     spot or read from an item store gives the same answer."""
-    from genrec.commands.ranking_eval import load_student
+    from genrec.commands.eval_ranker import load_student
     from genrec.data import load_json_dataset
     from genrec.duolm.ranker import RankRequest
 

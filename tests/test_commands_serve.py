@@ -156,8 +156,8 @@ def test_new_items_get_their_semantic_id_from_the_saved_codebooks(tmp_path) -> N
 
     from genrec.catalog import build_semantic_index
     from genrec.catalog.assign import IdAssigner
-    from genrec.generative.vocab import NUM_SPECIAL, SidVocab
     from genrec.model import ModelConfig, build_model
+    from genrec.vocab.sid_vocab import NUM_SPECIAL, SidVocab
 
     emb = torch.randn(40, 8, generator=torch.Generator().manual_seed(0))
     index = build_semantic_index(emb, levels=2, codebook_size=4, iters=20,

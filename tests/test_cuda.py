@@ -19,8 +19,8 @@ from genrec import (
 from genrec.catalog.item_table import ItemTable
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.engine import RowRequest
-from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.model import ModelConfig, build_model
+from genrec.vocab.sid_vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA device (torch.cuda.is_available() is False)")
@@ -214,7 +214,7 @@ def test_scoring_on_cuda_equals_cpu(cpu_model, cuda_model, mode) -> None:  # noq
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("masked", [False, True])
 def test_fused_cuda_attention_equals_the_math_path(dtype: torch.dtype, masked: bool) -> None:
-    from genrec.model.attend import attend, attend_math, cuda_fused_ok
+    from genrec.model.grid_attention import attend, attend_math, cuda_fused_ok
 
     assert cuda_fused_ok(torch.device("cuda", torch.cuda.current_device()), dtype)
     g = torch.Generator(device="cuda").manual_seed(1)

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from genrec.demo import DemoResult, SyntheticConfig, TrainConfig, generate, run_demo
-from genrec.demo.evaluate import heldout_request, quality
+from genrec.demo.quality import heldout_request, quality
 from genrec.demo.serving import check_port, serve_until_interrupted, start_server
 from genrec.demo.synthetic import item_name, popularity, semantic_index, split_users
 from genrec.demo.train import pack_batch, sequence_loss, tiny_config, train_model
 from genrec.engine import BeamParams, Engine
-from genrec.generative.vocab import BOS_ID, SidVocab
+from genrec.vocab.sid_vocab import BOS_ID, SidVocab
 
 SMALL = SyntheticConfig(num_items=60, num_clusters=6, num_users=300, min_len=5, max_len=10)
 

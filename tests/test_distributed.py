@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_commands_generative import invoke, write_dataset
+from test_commands_train_generative import invoke, write_dataset
 
 from genrec.engine import Engine
 from genrec.model import load_model
 from genrec.training.distributed import World, without_option
-from genrec.training.generative import IGNORE, GenerativeTask
+from genrec.training.generative_task import IGNORE, GenerativeTask
 
 TINY = ["--hidden", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--head-dim", "8",
         "--batch-tokens", "120", "--max-history", "5", "--val-users", "0", "--no-progress",
@@ -175,7 +175,7 @@ def _alive(pid: int) -> bool:
 
 def test_shards_split_a_batch_and_its_loss_terms() -> None:
     from genrec.catalog.semantic_ids import SemanticIndex
-    from genrec.generative.vocab import SidVocab
+    from genrec.vocab.sid_vocab import SidVocab
 
     index = SemanticIndex(torch.cartesian_prod(torch.arange(4), torch.arange(5)), [4, 5])
     task = GenerativeTask(SidVocab(index, max_history=4),

@@ -16,7 +16,7 @@ from genrec.engine.engine_config import EngineConfig
 from genrec.engine.inputs import InputError
 from genrec.engine.params import ScoreParams
 from genrec.model.registry import build_model
-from genrec.training.duolm import ranker_config
+from genrec.training.duolm_task import ranker_config
 from genrec.training.initialization import init_weights
 
 N_ITEMS, K, HIDDEN = 30, 2, 32

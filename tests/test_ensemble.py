@@ -11,7 +11,7 @@ from genrec import BeamParams, Engine
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.engine import RowRequest
 from genrec.engine.ensemble import Ensemble
-from genrec.generative.vocab import SidVocab
+from genrec.vocab.sid_vocab import SidVocab
 
 
 def _engine(seed: int) -> Engine:

@@ -22,7 +22,6 @@ from extend_vocab_support import (
 from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.embeddings import bundled_model_path
 from genrec.engine import RowRequest
-from genrec.generative.vocab import NUM_SPECIAL, SidVocab
 from genrec.model import ModelConfig, build_model
 from genrec.model.checkpoint import load_model, save_model
 from genrec.model.layout import build_layout
@@ -34,7 +33,8 @@ from genrec.training.extend_vocab import (
     load_text_tokenizer,
     start_extended,
 )
-from genrec.training.generative import IGNORE, GenerativeTask, batch_loss, window_tokens
+from genrec.training.generative_task import IGNORE, GenerativeTask, batch_loss, window_tokens
+from genrec.vocab.sid_vocab import NUM_SPECIAL, SidVocab
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])

@@ -11,8 +11,8 @@ from extend_vocab_support import N_ITEMS, SIZES, TEXT, extended_model, write_che
 from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.embeddings import bundled_model_path
 from genrec.engine import RowRequest
-from genrec.generative.vocab import SidVocab
 from genrec.training.extend_vocab import encode_text, load_text_tokenizer
+from genrec.vocab.sid_vocab import SidVocab
 
 
 def test_completions_accept_mixed_text_and_sid_prompts(tmp_path: Path) -> None:

@@ -13,11 +13,10 @@ from search_reference import exhaustive_top
 from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.engine import RowRequest
-from genrec.generative.vocab import SOFT_ID, SidVocab
 from genrec.model import load_model, save_model
 from genrec.model.item_head import ItemHead, combine, pick
 from genrec.model.registry import build_model
-from genrec.training.generative import (
+from genrec.training.generative_task import (
     IGNORE,
     GenerativeTask,
     batch_loss,
@@ -25,6 +24,7 @@ from genrec.training.generative import (
     set_item_tokens,
     window_tokens,
 )
+from genrec.vocab.sid_vocab import SOFT_ID, SidVocab
 
 SIZES, N_ITEMS = [4, 5, 3], 40
 

@@ -11,9 +11,9 @@ from search_reference import exhaustive_top
 from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.engine import RowRequest
-from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.live_catalog.state import CatalogState
 from genrec.model import ModelConfig, build_model
+from genrec.vocab.sid_vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 
 SIZES = [16, 8, 16]
 

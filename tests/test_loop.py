@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from genrec.catalog.semantic_ids import with_dedup_level
-from genrec.generative.vocab import SidVocab
 from genrec.model import build_model
 from genrec.model.checkpoint import load_model
 from genrec.training.checkpoints import BEST, LAST, STATE_FILE
-from genrec.training.generative import GenerativeTask, scratch_config
+from genrec.training.generative_task import GenerativeTask, scratch_config
 from genrec.training.initialization import init_weights
 from genrec.training.loop import LoopConfig, fit, warmup_cosine
+from genrec.vocab.sid_vocab import SidVocab
 
 N_ITEMS = 30
 

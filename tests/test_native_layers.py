@@ -13,11 +13,11 @@ from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.engine import RowRequest
 from genrec.engine.beam import prompt_forward
-from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.model import ModelConfig, build_model
 from genrec.model.beam_step import BeamStepLayout
 from genrec.model.kv_cache import KVCache
 from genrec.model.native_layers import native_forward
+from genrec.vocab.sid_vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 
 pytestmark = pytest.mark.numerics
 

@@ -16,9 +16,9 @@ from genrec import Engine, EngineConfig, ScoreParams
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.engine.params import BeamParams
 from genrec.engine.requests import RowRequest, ScoreRequest
-from genrec.generative.vocab import SOFT_ID, SidVocab
 from genrec.kernels import cascade_attention_op
 from genrec.model import load_model
+from genrec.vocab.sid_vocab import SOFT_ID, SidVocab
 
 pytestmark = pytest.mark.numerics
 

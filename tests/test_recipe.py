@@ -33,7 +33,7 @@ def test_given_values_win() -> None:
 
 
 def test_train_command_records_the_recipe(tmp_path: Path) -> None:
-    from test_commands_generative import invoke, write_dataset
+    from test_commands_train_generative import invoke, write_dataset
 
     data = write_dataset(tmp_path / "toy")
     invoke("index", "--data", data, "--out", tmp_path / "index.json")

@@ -10,8 +10,8 @@ from genrec import BeamParams, Engine, EngineConfig, InputError, RecommendReques
 from genrec.catalog.id_map import IdMap
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.engine import RowRequest
-from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.model import ModelConfig, build_model
+from genrec.vocab.sid_vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 
 SIZES = [5, 4, 3]
 N_ITEMS = 30

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from serving_support import tiny_engine
 
-from genrec.generative.vocab import BOS_ID
 from genrec.serving.completions import item_text, parse_prompt
+from genrec.vocab.sid_vocab import BOS_ID
 
 
 def test_token_ids_and_text_give_the_same_items() -> None:

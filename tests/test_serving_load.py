@@ -30,7 +30,7 @@ from genrec.live_catalog.state import CatalogState
 from genrec.model.registry import build_model
 from genrec.serving import BackgroundServer, ServeConfig, create_app
 from genrec.serving.backends import RankerCatalogUpdater
-from genrec.training.duolm import ranker_config
+from genrec.training.duolm_task import ranker_config
 from genrec.training.initialization import init_weights
 
 CLIENT = Path(__file__).with_name("serving_load_client.py")

@@ -10,9 +10,9 @@ from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.engine import RowRequest
 from genrec.engine.static_search import MIN_CAPACITY, grown
-from genrec.generative.vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 from genrec.live_catalog.state import CatalogState
 from genrec.model import ModelConfig, build_model
+from genrec.vocab.sid_vocab import NUM_SPECIAL, SOFT_ID, SidVocab
 
 SIZES = [6, 5, 4]
 PARAMS = BeamParams(12, 6)

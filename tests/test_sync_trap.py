@@ -16,7 +16,15 @@ import genrec.kernels
 from genrec import Engine, EngineConfig, ScoreParams, ScoreRequest
 from genrec.engine.chunked import forward_chunked
 from genrec.engine.scoring import read_scores
-from genrec.model import DecoderLM, ModelConfig, attend, attention, build_model, layers, lm_head
+from genrec.model import (
+    DecoderLM,
+    ModelConfig,
+    attention,
+    build_model,
+    grid_attention,
+    layers,
+    lm_head,
+)
 from genrec.utils.sync_trap import HostSyncError, allow_host_sync, host_side, no_host_sync
 
 SCALAR = r"aten\.(_local_scalar_dense|item|is_nonzero) \("
@@ -256,10 +264,10 @@ def model() -> DecoderLM:
 def gpu_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setitem(genrec.kernels._state, "loaded", False)
     if request.param == "gpu-like":
-        monkeypatch.setattr(attention, "attend", attend.attend_math)
+        monkeypatch.setattr(attention, "attend", grid_attention.attend_math)
         for module in (layers, lm_head):
             monkeypatch.setattr(module, "onednn_inference", lambda x, weight: False)
-    attend.cpu_flash_takes_gqa()  # a memoised probe: once, before any block
+    grid_attention.cpu_flash_takes_gqa()  # a memoised probe: once, before any block
     return request.param
 
 

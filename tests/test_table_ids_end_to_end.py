@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 from serving_support import post
-from test_commands_generative import invoke
 from test_commands_serve import start
+from test_commands_train_generative import invoke
 
 TINY = ["--hidden", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--head-dim", "8",
         "--batch-tokens", "400", "--max-history", "5", "--val-users", "0", "--no-progress",

@@ -56,8 +56,8 @@ def test_fold_in_is_u_sqrt_s_of_the_training_matrix() -> None:
 
 def test_causal_windows_hold_none_of_their_targets() -> None:
     from genrec.catalog.semantic_ids import SemanticIndex
-    from genrec.generative.vocab import SidVocab
-    from genrec.training.generative import GenerativeTask, make_windows
+    from genrec.training.generative_task import GenerativeTask, make_windows
+    from genrec.vocab.sid_vocab import SidVocab
 
     seqs = clustered()
     codes = torch.stack([torch.arange(N_ITEMS) // 8, torch.arange(N_ITEMS) % 8], dim=1)

@@ -117,13 +117,13 @@ def score(
 # Commands defined in genrec.commands are registered here, one line each.
 from genrec.commands.average import average_command  # noqa: E402
 from genrec.commands.common import train_app  # noqa: E402
-from genrec.commands.duolm import encode_catalog  # noqa: E402  (also adds train teacher/duolm)
-from genrec.commands.evaluate import eval_command  # noqa: E402
-from genrec.commands.generative import train_generative  # noqa: E402, F401 (adds the command)
+from genrec.commands.eval_generative import eval_command  # noqa: E402
 from genrec.commands.index import index_command  # noqa: E402
 from genrec.commands.plot import plot_command  # noqa: E402
 from genrec.commands.recommend import recommend_command  # noqa: E402
 from genrec.commands.serve import serve  # noqa: E402
+from genrec.commands.train_duolm import encode_catalog  # noqa: E402  (also adds train teacher/duolm)
+from genrec.commands.train_generative import train_generative  # noqa: E402, F401 (adds the command)
 
 app.add_typer(train_app, name="train")
 app.command("eval")(eval_command)

@@ -60,7 +60,7 @@ def recommend_command(
     """Batch job: the top --n items for every user (or those of --users) by constrained beam
     search over each user's whole history, written as JSON lines in the table's own ids;
     each user's history is excluded unless --include-history."""
-    from genrec.commands.evaluate import load_generative
+    from genrec.commands.eval_generative import load_generative
     from genrec.jobs.recommend import BatchParams, recommend_users, write_recommendations
 
     if store is not None and ranker is None:
@@ -105,7 +105,7 @@ def load_rerank(path: Path, store: Path | None, ds: Dataset, progress: bool,
                 device: str) -> Rerank:
     """The ``rank`` of the DuoLM student in ``path`` over ``ds``'s catalog (its item store's
     ids must be the table's)."""
-    from genrec.commands.ranking_eval import load_student
+    from genrec.commands.eval_ranker import load_student
     from genrec.duolm.ranker import read_meta
     from genrec.training.run_layout import model_folder
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from genrec.demo.evaluate import Quality, evaluate, heldout_request
+from genrec.demo.quality import Quality, evaluate, heldout_request
 from genrec.demo.synthetic import (
     SyntheticConfig,
     generate,
@@ -29,8 +29,8 @@ from genrec.demo.synthetic import (
 )
 from genrec.demo.train import TrainConfig, tiny_config, train_model
 from genrec.engine import BeamParams, Engine
-from genrec.generative.vocab import SidVocab
 from genrec.model import save_model
+from genrec.vocab.sid_vocab import SidVocab
 
 MAX_HISTORY = 20  # items in a prompt; the synthetic sequences are shorter
 BEAM_WIDTH = 20

@@ -9,7 +9,7 @@ the previous one in its cluster (a sequential pattern); otherwise it is drawn by
 among the current cluster's unseen items. A user never sees an item twice.
 
 Items get natural Semantic IDs (:func:`semantic_index`): ``(cluster, rank inside the cluster)``;
-the model's tokens are those of :class:`genrec.generative.vocab.SidVocab` over that index.
+the model's tokens are those of :class:`genrec.vocab.sid_vocab.SidVocab` over that index.
 """
 
 from __future__ import annotations

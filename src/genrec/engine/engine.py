@@ -41,13 +41,13 @@ from genrec.engine.retrieval import (
 )
 from genrec.engine.score_runner import ScoreRunnerPool
 from genrec.engine.scoring import PreparedScore, read_scores
-from genrec.generative.vocab import SidVocab
 from genrec.kernels import cascade_attention_op
 from genrec.live_catalog.state import CatalogState
 from genrec.model.checkpoint import load_model
 from genrec.model.decoder import DecoderLM
 from genrec.utils.allocator import keep_freed_memory
 from genrec.utils.device_lock import DeviceLock
+from genrec.vocab.sid_vocab import SidVocab
 
 
 class Engine:

@@ -32,8 +32,8 @@ from genrec.engine.item_ranking import head_log_probs, sid_logprobs, with_head
 from genrec.engine.params import DEFAULT_ITEM_WEIGHT, BeamParams
 from genrec.engine.requests import RowRecommendation, RowRequest
 from genrec.engine.retrieval import PreparedSearch, prompts_of
-from genrec.generative.vocab import SidVocab
 from genrec.live_catalog.state import CatalogState
+from genrec.vocab.sid_vocab import SidVocab
 
 
 @dataclass

@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from genrec.data.split import Example
-from genrec.evaluation.metrics import ranking_metrics
+from genrec.evaluation.topk_metrics import ranking_metrics
 
 
 def sample_candidates(

@@ -17,7 +17,7 @@ from genrec.catalog.id_map import check_rows
 from genrec.catalog.trie import SemanticTrie
 
 if TYPE_CHECKING:
-    from genrec.generative.vocab import SidVocab
+    from genrec.vocab.sid_vocab import SidVocab
 
 
 class DeltaState(Protocol):

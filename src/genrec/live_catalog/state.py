@@ -27,8 +27,8 @@ from genrec.catalog.filters import PartFilter, dead_edges, padded_ranks
 from genrec.catalog.id_map import check_rows
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.catalog.trie import SemanticTrie
-from genrec.generative.vocab import SidVocab
 from genrec.live_catalog.delta import apply_update, member, rebase
+from genrec.vocab.sid_vocab import SidVocab
 
 _EMPTY = torch.zeros(0, dtype=torch.int64)
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from genrec.kernels import cascade_attention_op
-from genrec.model.attend import attend
+from genrec.model.grid_attention import attend
 from genrec.model.layers import inv_rms, norm_rotary
 
 # Native kernel: query rows per run, and the most keys a run may see (its score buffer is

@@ -19,9 +19,9 @@ from typing import ClassVar
 
 import torch
 
-from genrec.model.attend import attend, attend_math, cuda_fused_ok
 from genrec.model.attention import RUN_MAX_KEYS
 from genrec.model.forward_layout import ForwardLayout, NativeTables
+from genrec.model.grid_attention import attend, attend_math, cuda_fused_ok
 from genrec.model.kv_cache import KVCache
 
 _NEG_INF = float("-inf")

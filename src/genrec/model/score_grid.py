@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from genrec.model.attend import attend_output
 from genrec.model.attention import RUN_MAX_KEYS, RUN_ROWS
 from genrec.model.beam_step import branch_attention
 from genrec.model.forward_layout import ForwardLayout
+from genrec.model.grid_attention import attend_output
 from genrec.model.kv_cache import KVCache
 
 

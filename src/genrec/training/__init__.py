@@ -1,7 +1,7 @@
 """Training: generative-retrieval data and loss, user vectors, and a generic training loop."""
 
 from genrec.data.split import training_sequences
-from genrec.training.generative import GenerativeTask, batch_loss, make_windows
+from genrec.training.generative_task import GenerativeTask, batch_loss, make_windows
 from genrec.training.loop import FitResult, LoopConfig, fit
 from genrec.training.user_vectors import compute_user_vectors, svd_user_vectors
 

@@ -6,7 +6,7 @@ rows repurposed as a Semantic-ID-only vocabulary (``--init-from DIR``: :func:`ad
 The checkpoint's ``V`` rows (its text vocabulary, padding rows included) are kept bit for bit,
 in the embedding and in the LM head, and its tokenizer files are copied beside every saved
 checkpoint. ``bos``, the soft-token placeholder and ``pad`` get three new rows ``V, V+1, V+2``
-and the Semantic-ID tokens follow (:meth:`genrec.generative.vocab.SidVocab.extending`). New rows
+and the Semantic-ID tokens follow (:meth:`genrec.vocab.sid_vocab.SidVocab.extending`). New rows
 start at (``sid_init``):
 
 - ``mean``: the mean of the text rows;
@@ -34,10 +34,10 @@ import torch
 import torch.nn.functional as F
 
 from genrec.catalog.semantic_ids import SemanticIndex
-from genrec.generative.vocab import SidVocab
 from genrec.model.decoder import DecoderLM
 from genrec.model.registry import build_model
 from genrec.training.initialization import init_weights
+from genrec.vocab.sid_vocab import SidVocab
 
 # the files of a Hugging Face tokenizer folder (whichever of them the checkpoint has)
 TOKENIZER_FILES = (

@@ -134,18 +134,18 @@ def train_generative(
     writes and reports; returns the fit's result on rank 0, None on the others. Bad options
     raise ValueError."""
     from genrec.data.split import training_sequences
-    from genrec.evaluation.generative import split_examples
-    from genrec.generative.vocab import SidVocab
+    from genrec.evaluation.full_catalog import split_examples
     from genrec.model import load_model
     from genrec.model.registry import build_model
     from genrec.training import extend_vocab as ext
-    from genrec.training import generative as gen
+    from genrec.training import generative_task as gen
     from genrec.training import user_vectors as uv
     from genrec.training.checkpoints import LAST, write_train_args
     from genrec.training.distributed import main_process
     from genrec.training.initialization import init_weights
     from genrec.training.loop import LoopConfig, fit
     from genrec.utils.device import resolve_device
+    from genrec.vocab.sid_vocab import SidVocab
 
     c = config
     dev = resolve_device(c.device, c.threads)

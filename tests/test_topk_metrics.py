@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from genrec.evaluation.metrics import ndcg_at_k, ranking_metrics, recall_at_k, target_ranks
+from genrec.evaluation.topk_metrics import ndcg_at_k, ranking_metrics, recall_at_k, target_ranks
 
 
 def test_target_ranks_finds_first_position_or_miss() -> None:

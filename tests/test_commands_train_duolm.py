@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from test_commands_generative import invoke, runner, write_dataset
+from test_commands_train_generative import invoke, runner, write_dataset
 
 from genrec.cli import app
 from genrec.duolm.store import current_version, load_store

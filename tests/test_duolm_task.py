@@ -15,7 +15,7 @@ from genrec.duolm.encoder import EncoderConfig, ItemEncoder, ItemFeatures
 from genrec.duolm.prompts import STUDENT_VOCAB_SIZE, StudentPrompts
 from genrec.duolm.ranker import RankRequest
 from genrec.model.registry import build_model
-from genrec.training.duolm import DuoModel, RankingTask, ranker_config
+from genrec.training.duolm_task import DuoModel, RankingTask, ranker_config
 from genrec.training.initialization import init_weights
 from genrec.training.loop import LoopConfig, fit
 

@@ -1,5 +1,5 @@
 """``genrec eval``: a generative model (or an ensemble of them) by full-catalog beam search,
-or a DuoLM ranker and its teacher on sampled candidates (:mod:`genrec.commands.ranking_eval`).
+or a DuoLM ranker and its teacher on sampled candidates (:mod:`genrec.commands.eval_ranker`).
 
 Register in ``genrec.cli`` with one line: ``app.command("eval")(eval_command)``. Heavy modules
 are imported inside the functions so that ``genrec --help`` stays fast.
@@ -70,7 +70,7 @@ def eval_command(
     constrained beam search. A DuoLM student or teacher: NDCG/Recall@10 and MRR of the held-out
     item among sampled negatives (student and ``--teacher`` side by side)."""
     from genrec.engine.ensemble import Ensemble
-    from genrec.evaluation.generative import evaluate_split, popularity_split
+    from genrec.evaluation.full_catalog import evaluate_split, popularity_split
     from genrec.utils.atomic import atomic_write_json
 
     if split not in ("test", "val"):
@@ -80,7 +80,7 @@ def eval_command(
         if ensemble:
             raise typer.BadParameter("--ensemble: generative models only (--model is a DuoLM "
                                      "ranker)")
-        from genrec.commands.ranking_eval import eval_rankers
+        from genrec.commands.eval_ranker import eval_rankers
 
         return eval_rankers(model, teacher, store, data, interactions, items, table, split, users,
                             negatives, seed, device, threads, progress, json_path)

@@ -8,11 +8,10 @@ import torch.nn.functional as F
 
 from genrec.catalog.semantic_ids import with_dedup_level
 from genrec.data.split import training_sequences
-from genrec.generative.vocab import BOS_ID, SOFT_ID, SidVocab
 from genrec.model import build_model
 from genrec.model.checkpoint import load_model, save_model
 from genrec.training.extend_vocab import adapt_pretrained
-from genrec.training.generative import (
+from genrec.training.generative_task import (
     IGNORE,
     GenerativeTask,
     batch_loss,
@@ -22,6 +21,7 @@ from genrec.training.generative import (
     window_tokens,
 )
 from genrec.training.initialization import init_weights
+from genrec.vocab.sid_vocab import BOS_ID, SOFT_ID, SidVocab
 
 N_ITEMS, CLUSTERS = 60, 6
 
@@ -189,7 +189,7 @@ def test_loss_matches_plain_cross_entropy_of_one_window() -> None:
 
 
 def test_fit_learns_the_successor_pattern_far_above_chance(tmp_path) -> None:
-    from genrec.evaluation.generative import split_examples
+    from genrec.evaluation.full_catalog import split_examples
     from genrec.training.loop import LoopConfig, fit
 
     vocab = make_vocab()

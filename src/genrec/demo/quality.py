@@ -15,8 +15,8 @@ import torch
 
 from genrec.demo.synthetic import SyntheticData
 from genrec.engine import BeamParams, Engine, RowRecommendation, RowRequest
-from genrec.evaluation.generative import popularity_top
-from genrec.evaluation.metrics import ndcg_at_k, recall_at_k, target_ranks
+from genrec.evaluation.full_catalog import popularity_top
+from genrec.evaluation.topk_metrics import ndcg_at_k, recall_at_k, target_ranks
 
 
 def heldout_request(data: SyntheticData, user: int) -> RowRequest:

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from genrec.data.split import Example, leave_one_out, training_sequences
 from genrec.engine import BeamParams, Engine, RowRequest
 from genrec.engine.params import DEFAULT_ITEM_WEIGHT
-from genrec.evaluation.metrics import ranking_metrics, target_ranks
+from genrec.evaluation.topk_metrics import ranking_metrics, target_ranks
 
 if TYPE_CHECKING:
     from genrec.engine.ensemble import Ensemble

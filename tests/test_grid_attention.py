@@ -8,8 +8,8 @@ import logging
 import pytest
 import torch
 
-from genrec.model import attend as attend_mod
-from genrec.model.attend import (
+from genrec.model import grid_attention as attend_mod
+from genrec.model.grid_attention import (
     attend,
     attend_math,
     attend_output,
@@ -80,7 +80,7 @@ def test_a_failing_call_falls_back_for_that_call_only(monkeypatch, caplog) -> No
     attend_mod.cpu_flash_takes_gqa()  # the probe's verdict first (it would count a call)
     calls = _counting(monkeypatch, RuntimeError("kernel gone"))
     before = attention_fallbacks().get("cpu flash attention", 0)
-    with caplog.at_level(logging.WARNING, logger="genrec.model.attend"):
+    with caplog.at_level(logging.WARNING, logger="genrec.model.grid_attention"):
         for _ in range(2):
             out, lse = attend(*_inputs(False))
             ref, ref_lse = attend_math(*_inputs(False))

@@ -1,5 +1,5 @@
 """Commands of the DuoLM ranker: ``train teacher``, ``train duolm`` and ``encode-catalog``
-(the ranking side of ``eval`` is in :mod:`genrec.commands.ranking_eval`).
+(the ranking side of ``eval`` is in :mod:`genrec.commands.eval_ranker`).
 
 Registered in ``genrec.cli``; heavy modules are imported inside the functions.
 """
@@ -80,7 +80,7 @@ def eval_split(ds: Dataset, max_history: int, users: int | None, negatives: int,
     """The split, a fixed sample of ``users`` examples of ``split`` (None: all; 0: none) and
     their candidate lists."""
     from genrec.data.split import leave_one_out
-    from genrec.evaluation.generative import sample_examples
+    from genrec.evaluation.full_catalog import sample_examples
     from genrec.evaluation.ranking import sample_candidates
 
     sp = leave_one_out(ds.sequences, max_history=max_history)
@@ -152,7 +152,7 @@ def train_teacher(
     from genrec.model import load_model
     from genrec.model.registry import build_model
     from genrec.training.checkpoints import LAST
-    from genrec.training.duolm import RankingTask, init_text_embeddings, ranker_config
+    from genrec.training.duolm_task import RankingTask, init_text_embeddings, ranker_config
     from genrec.training.initialization import init_weights
 
     dev = resolve_device(device, threads)
@@ -186,7 +186,7 @@ def train_teacher(
 
 
 def _sample(examples: list, n: int, seed: int) -> list:
-    from genrec.evaluation.generative import sample_examples
+    from genrec.evaluation.full_catalog import sample_examples
 
     return sample_examples(examples, n, seed) if n else examples
 
@@ -236,7 +236,7 @@ def train_duolm(
     from genrec.duolm.prompts import STUDENT_VOCAB_SIZE, StudentPrompts
     from genrec.duolm.ranker import TeacherRanker
     from genrec.model.registry import build_model
-    from genrec.training.duolm import DuoModel, RankingTask, ranker_config
+    from genrec.training.duolm_task import DuoModel, RankingTask, ranker_config
     from genrec.training.initialization import init_weights
     from genrec.training.user_vectors import resolve_user_vectors
 

@@ -1,12 +1,12 @@
 """``genrec eval`` of an ensemble of generative models (single models: see
-test_commands_generative.py)."""
+test_commands_train_generative.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from test_commands_generative import invoke, runner, write_dataset
+from test_commands_train_generative import invoke, runner, write_dataset
 
 from genrec.cli import app
 

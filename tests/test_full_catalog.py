@@ -9,7 +9,7 @@ import torch
 
 from genrec.catalog.semantic_ids import with_dedup_level
 from genrec.engine import BeamParams, Engine, EngineConfig, RowRequest
-from genrec.evaluation.generative import (
+from genrec.evaluation.full_catalog import (
     evaluate_generative,
     evaluate_popularity,
     evaluate_split,
@@ -20,11 +20,11 @@ from genrec.evaluation.generative import (
     sample_examples,
     split_examples,
 )
-from genrec.evaluation.metrics import ranking_metrics, target_ranks
-from genrec.generative.vocab import SOFT_ID, SidVocab
+from genrec.evaluation.topk_metrics import ranking_metrics, target_ranks
 from genrec.model import build_model
-from genrec.training.generative import scratch_config
+from genrec.training.generative_task import scratch_config
 from genrec.training.initialization import init_weights
+from genrec.vocab.sid_vocab import SOFT_ID, SidVocab
 
 N_ITEMS = 60
 KEYS = {"recall@5", "ndcg@5", "recall@10", "ndcg@10", "n_users", "beam_width"}

@@ -61,7 +61,7 @@ def test_index_train_eval_end_to_end(tmp_path: Path) -> None:
     assert metrics["n_users"] == 8 and "ndcg@10" in out
     # popularity on the same 8 users beside the model, in the output and the JSON
     from genrec.data import load_json_dataset
-    from genrec.evaluation.generative import popularity_split
+    from genrec.evaluation.full_catalog import popularity_split
 
     ds = load_json_dataset(data)
     pop = popularity_split(ds.sequences, ds.num_items, "test", 5, users=8)

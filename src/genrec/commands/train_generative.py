@@ -1,5 +1,5 @@
 """The command that trains generative retrieval: ``train generative`` (``genrec index`` is in
-:mod:`genrec.commands.index`, ``genrec eval`` in :mod:`genrec.commands.evaluate`).
+:mod:`genrec.commands.index`, ``genrec eval`` in :mod:`genrec.commands.eval_generative`).
 
 Register in ``genrec.cli`` with one line::
 

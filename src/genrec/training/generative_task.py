@@ -23,12 +23,12 @@ import torch.nn.functional as F
 from genrec.data.split import Example
 from genrec.engine import Engine, EngineConfig
 from genrec.engine.inputs import PackedInputs, build_input_embeds
-from genrec.generative.vocab import SOFT_ID, SidVocab
 from genrec.model.config import ModelConfig
 from genrec.model.decoder import DecoderLM
 from genrec.model.item_head import item_loss
 from genrec.model.layout import build_layout
 from genrec.training.extend_vocab import level_loss
+from genrec.vocab.sid_vocab import SOFT_ID, SidVocab
 
 IGNORE = -100
 
@@ -265,7 +265,7 @@ class GenerativeTask:
 
     def validate(self, model: DecoderLM) -> dict[str, float] | None:
         """Recall/NDCG@5/10 on the validation examples; None when there are none."""
-        from genrec.evaluation.generative import evaluate_generative
+        from genrec.evaluation.full_catalog import evaluate_generative
 
         if not self.val_examples:
             return None

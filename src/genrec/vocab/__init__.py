@@ -1,5 +1,5 @@
 """Generative retrieval: Semantic-ID vocabulary and prompts shared by training and serving."""
 
-from genrec.generative.vocab import SidVocab
+from genrec.vocab.sid_vocab import SidVocab
 
 __all__ = ["SidVocab"]
