@@ -70,9 +70,10 @@ def train_generative(
              "jointly by cross-entropy over all items; with the beam's proposals it proposes "
              "and ranks items). Default: on when training from scratch, off with --init-from.")
     ] = None,
-    item_inputs: Annotated[bool, typer.Option(
-        help="With the item head: its item embeddings also added to each item's input "
-             "(at the item's last Semantic-ID token), tied as in SASRec.")] = False,
+    item_inputs: Annotated[bool | None, typer.Option(
+        help="The item head's embeddings also added to each item's input (at the item's last "
+             "Semantic-ID token), tied as in SASRec. Default: on with the item head.")
+    ] = None,
     epochs: RecipeInt = None,
     batch_tokens: Annotated[int, typer.Option(min=1, help="Tokens per step.")] = 4096,
     lr: float = 1e-3, weight_decay: float = 0.01, warmup_ratio: float = 0.05,

@@ -33,7 +33,8 @@ class GenerativeTrainConfig:
     The data: exactly one of ``data`` (a JSON dataset folder) and ``interactions`` (a table,
     with ``items`` and the ``table`` column arguments). Model sizes, ``dropout`` and
     ``epochs`` left None come from the data size's recipe (:func:`pick_recipe`);
-    ``item_head`` None: on when training from scratch."""
+    ``item_head`` None: on when training from scratch; ``item_inputs`` None: on with the item
+    head."""
 
     index: Path
     out: Path
@@ -54,7 +55,7 @@ class GenerativeTrainConfig:
     sid_init: str = "mean"
     prompt_text: str | None = None
     item_head: bool | None = None
-    item_inputs: bool = False
+    item_inputs: bool | None = None
     epochs: int | None = None
     batch_tokens: int = 4096
     lr: float = 1e-3
@@ -165,6 +166,8 @@ def train_generative(
     args["item_head"] = item_head
     if c.item_inputs and not item_head:
         raise ValueError("--item-inputs needs the item head (--item-head)")
+    item_inputs = item_head if c.item_inputs is None else c.item_inputs
+    args["item_inputs"] = item_inputs
     train = training_sequences(ds.sequences)
     recipe = pick_recipe(train, {k: getattr(c, k) for k in RECIPE_KEYS}, main, echo)
     args |= recipe
@@ -194,7 +197,7 @@ def train_generative(
         else:
             model = build_model(gen.scratch_config(
                 vocab, recipe["hidden"], recipe["layers"], recipe["heads"], recipe["kv_heads"],
-                recipe["head_dim"], c.intermediate, dim, item_head, c.item_inputs))
+                recipe["head_dim"], c.intermediate, dim, item_head, item_inputs))
             init_weights(model)
             gen.set_item_tokens(model, vocab)
     model.set_dropout(recipe["dropout"])
