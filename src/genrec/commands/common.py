@@ -25,7 +25,7 @@ FsdpOpt = Annotated[bool, typer.Option(help="With several ranks: shard weights, 
 INPUT_ERRORS = (ValueError, FileNotFoundError, FileExistsError, KeyError)
 
 
-def fail(err: Exception) -> typer.Exit:
-    """Print ``err`` as the command's error and return the exit (code 1) to raise."""
+def fail(err: object, code: int = 1) -> typer.Exit:
+    """Print ``err`` as the command's error and return the exit (``code``) to raise."""
     typer.echo(f"error: {err}", err=True)
-    return typer.Exit(code=1)
+    return typer.Exit(code=code)

@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
-from genrec.commands.common import DeviceOpt
+from genrec.commands.common import DeviceOpt, fail
 from genrec.training.run_layout import model_folder
-
-if TYPE_CHECKING:
-    from genrec.serving.spec import AppSpec
 
 
 def serve(
@@ -101,44 +98,42 @@ def serve(
     model = model_folder(given)  # a training run's folder serves its best checkpoint
     if served_model_name is not None and not served_model_name.strip():
         raise typer.BadParameter("--served-model-name: empty name")
-    if replicas != 1 and not ray:
-        typer.echo("error: --replicas needs --ray", err=True)
-        raise typer.Exit(code=1)
-    if engine_process and ray:
-        typer.echo("error: --engine-process is for the single-process server, not --ray",
-                   err=True)
-        raise typer.Exit(code=1)
-    from genrec.serving.app_loader import load_app
-    from genrec.serving.auth import check_bind, keys_from_env
+    from genrec.serving.auth import keys_from_env
+    from genrec.serving.launch import LaunchConfig, launch
     from genrec.serving.spec import AppSpec, ServeConfig
 
+    server = LaunchConfig(host=host, port=port, log_level=log_level, ray=ray, replicas=replicas,
+                          allow_insecure=allow_insecure)
+    if (conflict := server.conflict(ServeConfig(engine_process=engine_process))) is not None:
+        raise fail(conflict) from None
     try:
         api_key, admin_key = keys_from_env(api_key, admin_key)
-        warning = check_bind(host, api_key, admin_key, allow_insecure)
-        state_dir = catalog_state_dir(model, catalog_state, volatile_catalog)
+        config = ServeConfig(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
+                             max_queue=max_queue,
+                             model_name=served_model_name or given.expanduser().absolute().name,
+                             engine_process=engine_process, overlap=overlap, api_key=api_key,
+                             admin_key=admin_key,
+                             catalog_state=catalog_state_dir(model, catalog_state,
+                                                             volatile_catalog))
+        warning = server.bind_warning(config)
     except ValueError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(code=2) from None
+        raise fail(err, code=2) from None
     if warning is not None:
         typer.echo(warning, err=True)
-    config = ServeConfig(max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
-                         max_queue=max_queue,
-                         model_name=served_model_name or given.expanduser().absolute().name,
-                         engine_process=engine_process, overlap=overlap, api_key=api_key,
-                         admin_key=admin_key, catalog_state=state_dir)
     spec = AppSpec.of(model, ranker, item_store, tokenizer, device=device, dtype=dtype,
                       threads=threads, config=config, ensemble=tuple(ensemble or ()))
-    if ray:
-        _serve_ray(spec, replicas, host, port)
-        return
-    from genrec.serving import run_server
-
     try:
-        app = load_app(spec)
-    except (ValueError, RuntimeError, OSError) as err:  # CheckpointError, missing packages
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(code=1) from None
-    run_server(app, host=host, port=port, log_level=log_level)
+        launch(spec, server, echo=typer.echo)
+    except KeyboardInterrupt:
+        pass
+    except (ValueError, ImportError) as err:
+        raise fail(err) from None
+    except Exception as err:  # with Ray, a replica failed to start: Ray's error names the cause
+        if ray:
+            raise fail(f"Ray Serve deployment failed: {err}") from None
+        if isinstance(err, (RuntimeError, OSError)):  # CheckpointError, missing packages
+            raise fail(err) from None
+        raise
 
 
 def served_model(positional: Path | None, option: Path | None) -> Path:
@@ -167,26 +162,3 @@ def catalog_state_dir(model: Path, given: Path | None, volatile: bool) -> str | 
                          f"cannot live in it: give --catalog-state DIR (a writable directory) "
                          f"or --volatile-catalog (updates in memory only)")
     return str((given if given is not None else model / "catalog-state").expanduser().absolute())
-
-
-def _serve_ray(spec: AppSpec, replicas: int, host: str, port: int) -> None:
-    """``spec`` in ``replicas`` Ray Serve replicas until SIGINT / SIGTERM."""
-    from genrec.serving import ray_app
-
-    try:
-        from ray import serve as ray_serve  # noqa: F401
-    except ImportError as err:
-        typer.echo(f"error: {ray_app.RAY_MISSING} ({err})", err=True)
-        raise typer.Exit(code=1) from None
-
-    try:
-        spec.check()
-        ray_app.run(spec, replicas, host, port, echo=typer.echo)
-    except KeyboardInterrupt:
-        pass
-    except ValueError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(code=1) from None
-    except Exception as err:  # a replica failed to start: Ray's error names the cause
-        typer.echo(f"error: Ray Serve deployment failed: {err}", err=True)
-        raise typer.Exit(code=1) from None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 
 import torch
@@ -52,12 +52,30 @@ def _as_user_vector(vector: object, limits: RequestLimits, field: str) -> torch.
     return v
 
 
-def _locate(
-    row: int, part_starts: list[int], part_names: list[str | tuple[str, int]]
-) -> str:
-    i = max(0, bisect.bisect_right(part_starts, row) - 1)
-    name = part_names[i]
-    return name if isinstance(name, str) else f"{name[0]}.candidates[{name[1]}]"
+@dataclass
+class _Placement:
+    """Where each request's parts sit in the packed tokens, filled request by request."""
+
+    prefix_lens: list[int] = field(default_factory=list)
+    prefix_last: list[int] = field(default_factory=list)  # -1: empty prefix
+    branch_lens: list[int] = field(default_factory=list)
+    branch_req: list[int] = field(default_factory=list)  # request of each branch
+    branch_starts: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)  # branches per request
+    req_starts: list[int] = field(default_factory=list)
+    # first token of each part (prefix or candidate) and its name, for errors
+    part_starts: list[int] = field(default_factory=list)
+    part_names: list[str | tuple[str, int]] = field(default_factory=list)
+
+    def locate(self, row: int) -> str:
+        """The name of the part holding packed token ``row``."""
+        i = max(0, bisect.bisect_right(self.part_starts, row) - 1)
+        name = self.part_names[i]
+        return name if isinstance(name, str) else f"{name[0]}.candidates[{name[1]}]"
+
+    def request_of(self, row: int) -> int:
+        """The request holding packed token ``row``."""
+        return bisect.bisect_right(self.req_starts, row) - 1
 
 
 def _add_candidate(
@@ -74,56 +92,41 @@ def _add_candidate(
     return n
 
 
-def pack_requests(
-    prefixes: Sequence[Part],
-    branches: Sequence[Sequence[Part]],
-    user_vectors: Sequence[object | None],
-    limits: RequestLimits,
-    field: str = "requests",
-    require_branches: bool = True,
-) -> PackedBatch:
-    """Validate and pack requests (prefix then its branches, request after request).
+def _add_request(packer: InputPacker, at: _Placement, r: int, where: str, prefix: Part,
+                 cands: Sequence[Part], limits: RequestLimits, require_branches: bool) -> None:
+    """Pack request ``r``'s prefix, then its candidates, recording where they sit."""
+    if isinstance(cands, (str, bytes)) or (require_branches and not cands):
+        raise InputError(f"{where}.candidates: empty candidate list")
+    base = len(packer)
+    at.req_starts.append(base)
+    at.part_starts.append(base)
+    at.part_names.append(f"{where}.prefix")
+    p_len = packer.add(prefix, f"{where}.prefix")
+    at.prefix_lens.append(p_len)
+    at.prefix_last.append(base + p_len - 1 if p_len else -1)
+    first = len(packer)
+    # plain token lists go in one bulk step; otherwise part by part, errors named
+    lens = packer.add_token_lists(cands, limits.max_positions - p_len)
+    if lens is None:
+        lens = [_add_candidate(packer, cand, where, c, p_len, limits.max_positions)
+                for c, cand in enumerate(cands)]
+    if lens:
+        cand_starts = list(accumulate(lens[:-1], initial=first))
+        at.branch_starts += cand_starts
+        at.part_starts += cand_starts
+        at.part_names += [(where, c) for c in range(len(lens))]  # named only on an error
+    at.branch_lens += lens
+    at.branch_req += [r] * len(lens)
+    at.counts.append(len(lens))
 
-    Token checks run once, vectorised, over the whole packed batch; errors name the part.
-    """
-    packer = InputPacker()
-    prefix_lens, branch_lens, branch_req, starts, prefix_last, counts = [], [], [], [], [], []
-    part_starts: list[int] = []
-    part_names: list[str | tuple[str, int]] = []
-    req_starts: list[int] = []
-    for r, (prefix, cands) in enumerate(zip(prefixes, branches, strict=True)):
-        where = f"{field}[{r}]"
-        if isinstance(cands, (str, bytes)) or (require_branches and not cands):
-            raise InputError(f"{where}.candidates: empty candidate list")
-        base = len(packer)
-        req_starts.append(base)
-        part_starts.append(base)
-        part_names.append(f"{where}.prefix")
-        p_len = packer.add(prefix, f"{where}.prefix")
-        prefix_lens.append(p_len)
-        prefix_last.append(base + p_len - 1 if p_len else -1)
-        first = len(packer)
-        # plain token lists go in one bulk step; otherwise part by part, errors named
-        lens = packer.add_token_lists(cands, limits.max_positions - p_len)
-        if lens is None:
-            lens = [_add_candidate(packer, cand, where, c, p_len, limits.max_positions)
-                    for c, cand in enumerate(cands)]
-        if lens:
-            cand_starts = list(accumulate(lens[:-1], initial=first))
-            starts += cand_starts
-            part_starts += cand_starts
-            part_names += [(where, c) for c in range(len(lens))]  # named only on an error
-        branch_lens += lens
-        branch_req += [r] * len(lens)
-        counts.append(len(lens))
 
-    ids = packer.token_tensor()
-    limit = limits.vocab_size + limits.item_rows
-    beyond = torch.nonzero(ids >= limit)
+def _check_item_tokens(ids: torch.Tensor, limits: RequestLimits, at: _Placement) -> None:
+    """Every item token within the item table, and none of a retired item."""
+    beyond = torch.nonzero(ids >= limits.vocab_size + limits.item_rows)
     if beyond.numel():
         row = int(beyond[0])
         raise InputError(
-            f"{_locate(row, part_starts, part_names)}: item token id {int(ids[row])} is beyond "
+            f"{at.locate(row)}: item token id {int(ids[row])} is beyond "
             f"the item table ({limits.item_rows} rows after vocabulary size {limits.vocab_size})"
         )
     if limits.item_active is not None:
@@ -133,24 +136,32 @@ def pack_requests(
         if retired.numel():
             row = int(virtual[retired[0, 0]])
             raise InputError(
-                f"{_locate(row, part_starts, part_names)}: item {int(items[retired[0, 0]])} "
-                "is retired from the catalog"
+                f"{at.locate(row)}: item {int(items[retired[0, 0]])} is retired from the catalog"
             )
-    soft_rows: list[int] = []
-    if limits.soft_token_id is not None:
-        soft_rows = torch.nonzero(ids == limits.soft_token_id)[:, 0].tolist()
-    soft_by_request: dict[int, list[int]] = {}
-    for row in soft_rows:
-        name = _locate(row, part_starts, part_names)
+
+
+def _soft_rows(ids: torch.Tensor, limits: RequestLimits, at: _Placement) -> dict[int, list[int]]:
+    """The packed rows of the soft-token placeholder, by request (prefixes only)."""
+    if limits.soft_token_id is None:
+        return {}
+    by_request: dict[int, list[int]] = {}
+    for row in torch.nonzero(ids == limits.soft_token_id)[:, 0].tolist():
+        name = at.locate(row)
         if not name.endswith(".prefix"):
             raise InputError(f"{name}: the soft-token placeholder may only appear in the prefix")
-        r = bisect.bisect_right(req_starts, row) - 1
-        soft_by_request.setdefault(r, []).append(row)
+        by_request.setdefault(at.request_of(row), []).append(row)
+    return by_request
+
+
+def _user_vectors(user_vectors: Sequence[object | None], soft: dict[int, list[int]],
+                  limits: RequestLimits, field: str) -> tuple[list[torch.Tensor], list[int]]:
+    """The requests' user vectors and the packed row of each one's placeholder (exactly one
+    per vector, none without)."""
     users: list[torch.Tensor] = []
     soft_used: list[int] = []
     for r, user in enumerate(user_vectors):
         where = f"{field}[{r}]"
-        found = soft_by_request.get(r, [])
+        found = soft.get(r, [])
         if user is None:
             if found:
                 raise InputError(
@@ -165,12 +176,32 @@ def pack_requests(
             )
         users.append(vector)
         soft_used.append(found[0])
+    return users, soft_used
 
-    layout = shared_layout(prefix_lens, branch_req, branch_lens)
+
+def pack_requests(
+    prefixes: Sequence[Part],
+    branches: Sequence[Sequence[Part]],
+    user_vectors: Sequence[object | None],
+    limits: RequestLimits,
+    field: str = "requests",
+    require_branches: bool = True,
+) -> PackedBatch:
+    """Validate and pack requests (prefix then its branches, request after request).
+
+    Token checks run once, vectorised, over the whole packed batch; errors name the part.
+    """
+    packer, at = InputPacker(), _Placement()
+    for r, (prefix, cands) in enumerate(zip(prefixes, branches, strict=True)):
+        _add_request(packer, at, r, f"{field}[{r}]", prefix, cands, limits, require_branches)
+    ids = packer.token_tensor()
+    _check_item_tokens(ids, limits, at)
+    users, soft_used = _user_vectors(user_vectors, _soft_rows(ids, limits, at), limits, field)
+    layout = shared_layout(at.prefix_lens, at.branch_req, at.branch_lens)
     return PackedBatch(
-        inputs=packer.finish(soft_used, users, ids), layout=layout, prefix_lens=prefix_lens,
-        branch_lens=branch_lens, branch_starts=torch.tensor(starts, dtype=torch.long),
-        prefix_last=torch.tensor(prefix_last, dtype=torch.long), branch_counts=counts,
+        inputs=packer.finish(soft_used, users, ids), layout=layout, prefix_lens=at.prefix_lens,
+        branch_lens=at.branch_lens, branch_starts=torch.tensor(at.branch_starts, dtype=torch.long),
+        prefix_last=torch.tensor(at.prefix_last, dtype=torch.long), branch_counts=at.counts,
     )
 
 

@@ -98,7 +98,7 @@ class RankingBatch:
 
 
 class RankingTask:
-    """The :class:`genrec.training.loop.TrainTask` of the teacher or of the student.
+    """The :class:`genrec.training.loop_types.TrainTask` of the teacher or of the student.
 
     ``prompts`` decides which: :class:`TeacherPrompts` (model = a DecoderLM) or
     :class:`StudentPrompts` (model = a :class:`DuoModel`, with ``features`` of every item).

@@ -159,7 +159,7 @@ def token_batches(
 
 
 class GenerativeTask:
-    """The :class:`genrec.training.loop.TrainTask` of generative retrieval.
+    """The :class:`genrec.training.loop_types.TrainTask` of generative retrieval.
 
     ``train_sequences`` are per-user training parts (see
     :func:`genrec.data.split.training_sequences`);
