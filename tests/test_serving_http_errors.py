@@ -228,3 +228,41 @@ def test_draining_turns_ready_and_new_work_away(engine: Engine) -> None:
         assert httpx.get(server.url + "/health").status_code == 200
         r = post(server.url, "/v1/recommend", RECOMMEND[0])
         assert r.status_code == 503 and r.headers["retry-after"] == "1"
+
+
+def test_the_error_table_answers_each_refusal() -> None:
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from genrec.serving.admission import MemoryBusyError, RequestTooLargeError
+    from genrec.serving.api_errors import ApiError, CatalogBehindError
+    from genrec.serving.batch_jobs import DeadlineExceededError, DrainingError, QueueFullError
+    from genrec.serving.engine_process import EngineGoneError
+    from genrec.serving.http_errors import map_errors
+    from genrec.serving.prometheus import ServerMetrics
+    from genrec.serving.spec import ServeConfig
+
+    raised = {"queue": QueueFullError("queue full"), "behind": CatalogBehindError(7, 5),
+              "draining": DrainingError("draining"), "gone": EngineGoneError("gone"),
+              "large": RequestTooLargeError("too large"), "busy": MemoryBusyError("busy"),
+              "late": DeadlineExceededError("late"), "api": ApiError(404, "model: no such"),
+              "value": ValueError("history: bad")}
+    app, metrics = FastAPI(), ServerMetrics(lambda: 0, lambda: 0)
+    map_errors(app, metrics, ServeConfig(retry_after_s=3))
+
+    @app.get("/{name}")
+    def fail(name: str) -> None:
+        raise raised[name]
+
+    want = {"queue": (503, "3"), "behind": (503, "3"), "draining": (503, "3"),
+            "gone": (503, "3"), "large": (413, None), "busy": (503, "3"), "late": (504, None),
+            "api": (404, None), "value": (422, None)}
+    with TestClient(app) as client:
+        for name, (status, retry) in want.items():
+            r = client.get(f"/{name}")
+            assert (r.status_code, r.headers.get("Retry-After")) == (status, retry), name
+            assert r.json() == {"detail": str(raised[name])}
+    text = metrics.render().decode()
+    for reason in ("queue_full", "catalog_behind", "draining", "too_large", "memory",
+                   "deadline"):
+        assert f'genrec_rejected_total{{reason="{reason}"}} 1.0' in text

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from genrec.live_catalog.log_format import CatalogLogError
+from genrec.live_catalog.log_format import CatalogLogError, scan_log
 from genrec.utils.atomic import atomic_write
 
 if TYPE_CHECKING:
@@ -155,6 +155,28 @@ def base_files(directory: Path) -> dict[int, Path]:
     """The base files of a state directory by version."""
     found = (BASE_NAME.fullmatch(p.name) for p in directory.iterdir())
     return {int(m.group(1)): directory / m.group(0) for m in found if m}
+
+
+def fold_base(directory: Path, log_path: Path, base_version: int | None, version: int,
+              offset: int, generative: GenerativeBase | None, ids: tuple[str, ...]) -> None:
+    """Write ``base-<version>.pt`` durably: ``generative`` and ``ids`` as of ``version``, and
+    the ranker's net change of base ``base_version`` (none: the log's start) with the log's
+    records up to byte ``offset`` folded in."""
+    scan = scan_log(log_path, offset)
+    net = {}
+    if base_version is not None:
+        net = read_base(base_files(directory)[base_version]).ranker
+    done = base_version if base_version is not None else scan.header["after"]
+    net = fold_ranker(net, ((r.op, r.data) for _, r in scan.records if r.version > done))
+    write_base(directory, CatalogBase(version, generative, net, ids))
+
+
+def remove_bases_before(directory: Path, version: int) -> None:
+    """Remove the bases older than ``version`` (durably: the directory fsynced)."""
+    for older, path in base_files(directory).items():
+        if older < version:
+            path.unlink()
+    sync_dir(directory)
 
 
 def net_generative(updates: Iterable[tuple[str, list]]) -> tuple[dict[int, list[int]], set[int]]:

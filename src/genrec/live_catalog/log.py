@@ -34,13 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from genrec.live_catalog.base import (
-    CatalogBase,
     GenerativeBase,
     base_files,
-    fold_ranker,
-    read_base,
+    fold_base,
+    remove_bases_before,
     sync_dir,
-    write_base,
 )
 from genrec.live_catalog.dir_lock import LOCK_WAIT_S, can_lock, lock_dir, try_lock, unlock
 from genrec.live_catalog.follow import LOG_FILE, StoredCatalog, TailState, read_dir
@@ -270,13 +268,8 @@ class CatalogLog:
               ids: tuple[str, ...]) -> bool:
         if self._base_version is not None and mark.version <= self._base_version:
             return False
-        scan = scan_log(self.path, mark.offset)
-        net = {}
-        if self._base_version is not None:
-            net = read_base(base_files(self.directory)[self._base_version]).ranker
-        done = self._base_version if self._base_version is not None else scan.header["after"]
-        net = fold_ranker(net, ((r.op, r.data) for _, r in scan.records if r.version > done))
-        write_base(self.directory, CatalogBase(mark.version, generative, net, ids))
+        fold_base(self.directory, self.path, self._base_version, mark.version, mark.offset,
+                  generative, ids)
         with self._mutex:  # no append runs during the swap: none is lost
             self._usable()
             try:  # a failure may leave the handle on the replaced file: then stop appending
@@ -295,10 +288,7 @@ class CatalogLog:
             if self._last is not None:
                 self._last = self._last + shift if self._last >= mark.offset else None
             self._base_version, self._count = mark.version, self._version - mark.version
-        for version, path in base_files(self.directory).items():
-            if version < mark.version:
-                path.unlink()
-        sync_dir(self.directory)
+        remove_bases_before(self.directory, mark.version)
         return True
 
     def close(self) -> None:

@@ -12,7 +12,6 @@ checked again on the version its batch ran on: never an answer from an older cat
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 import uuid
 from collections.abc import Sequence
@@ -20,50 +19,22 @@ from typing import Any
 
 import torch
 
-from genrec.catalog.assign import IdAssigner, assign_upserts
-from genrec.catalog.id_map import item_keys
-from genrec.engine import RowRequest, ScoreRequest
+from genrec.catalog.assign import IdAssigner
+from genrec.engine import RowRequest
 from genrec.live_catalog.served import ServiceCatalog
 from genrec.live_catalog.state import CatalogState
-from genrec.live_catalog.update_plan import CatalogChange, PreparedUpdate
 from genrec.serving import schemas as S
 from genrec.serving.admission import Admission
+from genrec.serving.api_errors import ApiError, CatalogBehindError
 from genrec.serving.backends import RankRequest
+from genrec.serving.catalog_updates import CatalogUpdates
 from genrec.serving.completions import item_text, parse_prompt
-from genrec.serving.messages import CatalogOp, CatalogUpdate, RankBatch, RecommendBatch, ScoreBatch
+from genrec.serving.messages import RankBatch, RecommendBatch, ScoreBatch
 from genrec.serving.scheduler import BatchScheduler
+from genrec.serving.score_requests import encode_text, score_requests
 from genrec.serving.worker import BatchWorker
 
 CATCH_UP_S = 1.0  # longest wait for the catalog to reach a request's min_catalog_version
-
-
-class ApiError(Exception):
-    """A request the server cannot serve as configured: HTTP ``status_code`` with ``detail``."""
-
-    def __init__(self, status_code: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status_code, self.detail = status_code, detail
-
-
-class CatalogBehindError(RuntimeError):
-    """The served catalog has not reached a request's ``min_catalog_version`` in time: retry
-    later (HTTP 503 with ``Retry-After``; ``/metrics`` counts it as ``catalog_behind``)."""
-
-    def __init__(self, wanted: int, version: int) -> None:
-        super().__init__(f"min_catalog_version: {wanted} not reached here yet (catalog "
-                         f"version {version}); retry")
-
-
-def prepare(catalog: ServiceCatalog, op: str, data: list) -> PreparedUpdate | CatalogOp:
-    """The update built on the installed catalog (:meth:`ServiceCatalog.prepare`); following
-    a shared log, an update refused there goes as it is, to be decided on the log's newest
-    catalog (another replica's update may have made it valid)."""
-    try:
-        return catalog.prepare(op, data)
-    except ValueError:
-        if not catalog.follows:
-            raise
-        return CatalogOp(op, data)
 
 
 class Service:
@@ -77,15 +48,10 @@ class Service:
                  model_name: str = "genrec", admission: Admission | None = None,
                  assigner: IdAssigner | None = None) -> None:
         self.worker, self.scheduler = worker, scheduler
-        catalog = worker.engine.catalog
-        if assigner is None and catalog is not None:
-            assigner = IdAssigner.of(catalog.base_vocab.index)
-        self.assigner = assigner
+        self.catalog_updates = CatalogUpdates(worker, scheduler, assigner)
         self.admission = admission or Admission(worker.engine)
         self.engine, self.ranker = worker.engine, worker.ranker
         self.tokenizer, self.model_name = tokenizer, model_name
-        self._seq = itertools.count()
-        self._updating = asyncio.Lock()  # updates prepared and queued one at a time, in order
 
     @property
     def catalog(self) -> ServiceCatalog | None:
@@ -238,63 +204,10 @@ class Service:
 
     # -- /v1/score ---------------------------------------------------------------------------
 
-    def _tokens(self, text: str, field: str, special: bool) -> list[int]:
-        if self.tokenizer is None:
-            raise ApiError(400, f"{field}: text input needs a tokenizer (start the server with "
-                                f"--tokenizer DIR), or send token ids")
-        return list(self.tokenizer.encode(text, add_special_tokens=special))
-
-    def _check_ids(self, ids: list[int], field: str) -> None:
-        engine = self.engine
-        limit = engine.model.config.vocab_size
-        if engine.item_table is not None:
-            limit += engine.item_table.num_rows
-        bad = [t for t in ids if t >= limit]
-        if bad:
-            raise ValueError(f"{field}: token id {bad[0]} is out of range (0..{limit - 1})")
-
-    def score_requests(self, body: S.ScoreBody) -> tuple[list[ScoreRequest], bool, int]:
-        """The engine requests of a score body, whether they share the query as prefix, and
-        the number of prompt tokens."""
-        items = [body.items] if isinstance(body.items, str) else list(body.items)
-        text_query = isinstance(body.query, str) and body.query != ""
-        text_items = any(isinstance(i, str) for i in items)
-        if text_query and items and not text_items:
-            raise ValueError("query: query is text but items are token ids (give both as text "
-                             "or both as token ids)")
-        query = (self._tokens(body.query, "query", not body.item_first) if text_query
-                 else list(body.query or []))
-        if text_items:
-            items = [self._tokens(t, f"items[{i}]", body.item_first) for i, t in enumerate(items)]
-        vocab_size = self.engine.model.config.vocab_size
-        bad = [t for t in body.label_token_ids if t >= vocab_size]
-        if bad:
-            raise ValueError(f"label_token_ids: {bad[0]} is not a text token "
-                             f"(0..{vocab_size - 1})")
-        self._check_ids(query, "query")
-        max_pos = self.engine.model.config.max_position_embeddings
-        for i, item in enumerate(items):
-            self._check_ids(item, f"items[{i}]")
-            if len(query) + len(item) > max_pos:
-                raise ValueError(f"items[{i}]: query + item ({len(query) + len(item)} tokens) "
-                                 f"exceed the model's {max_pos} positions")
-        n_tokens = len(query) + sum(len(i) for i in items)
-        if not items:
-            return [], False, 0
-        if query and not body.item_first and all(items):
-            return [ScoreRequest(prefix=query, candidates=items)], True, n_tokens
-        requests = []  # no shared prefix: each sequence alone, scored at its last token
-        for i, item in enumerate(items):
-            seq = item + query if body.item_first else query + item
-            if not seq:
-                raise ValueError(f"items[{i}]: empty item and empty query")
-            requests.append(ScoreRequest(prefix=seq[:-1], candidates=[seq[-1:]]))
-        return requests, False, n_tokens + (len(query) * (len(items) - 1))
-
     async def score(self, body: S.ScoreBody, deadline_ms: float | None) -> dict:
         """SGLang ``/v1/score``: label probabilities (or softmax over the labels) per item."""
         await self.caught_up(body.min_catalog_version, deadline_ms)
-        requests, shared, n_tokens = self.score_requests(body)
+        requests, shared, n_tokens = score_requests(self.engine, self.tokenizer, body)
         scores: list[list[float]] = []
         version = self.catalog_version()
         if requests:
@@ -327,7 +240,7 @@ class Service:
         if body.max_tokens is not None and body.max_tokens < levels:
             raise ValueError(f"max_tokens: one item takes {levels} tokens, got {body.max_tokens}")
         history, text = parse_prompt(self._catalog(), body.prompt, body.user_vector,
-                                     lambda t: self._tokens(t, "prompt", False))
+                                     lambda t: encode_text(self.tokenizer, t, "prompt", False))
         request = self._recommend_request(history, body.user_vector, field="prompt", text=text)
         self.admission.check(RecommendBatch(best_of, body.n), request, "best_of")
         found = await self.scheduler.submit(RecommendBatch(best_of, body.n), request,
@@ -349,50 +262,6 @@ class Service:
     # -- /v1/catalog/items -------------------------------------------------------------------
 
     async def update_catalog(self, op: str, payload: list, deadline_ms: float | None) -> dict:
-        """``op`` 'upsert' (item dicts) or 'retire' (item ids), all or nothing over the
-        generative catalog and the ranker's (see :mod:`genrec.live_catalog.served`), run on the
-        engine's worker thread between batches, so no batch sees a half-updated catalog.
-
-        Upsert items with a ``semantic_id`` join the generative catalog; items without one, or
-        with ranker fields (``text``, ``vectors``), go to the ranker. An item without
-        ``semantic_id`` that gives ``embedding`` (or ``text`` the index's encoder embeds, see
-        :func:`~genrec.catalog.assign.assign_upserts`) is given one by the index's codebooks,
-        then upserted with it like any other: the answer's ``semantic_ids`` lists them. The
-        answer's ``catalogs`` names which catalogs took which item ids.
-        """
-        catalog = self.catalog
-        if catalog is None:
-            raise ApiError(400, "no catalog updater")
-        if op not in ("upsert", "retire"):
-            raise RuntimeError(f"unknown catalog operation {op!r}")
-        data, assigned = list(payload), {}
-        async with self._updating:  # IDs assigned against the catalog the update runs on
-            if op == "upsert":
-                data = [{k: v for k, v in it.items()
-                         if k not in ("semantic_id", "embedding") or v is not None}
-                        for it in payload]
-                data, assigned = await asyncio.to_thread(self._assigned, data)
-                try:
-                    catalog.check(data)
-                    catalog.split(data)
-                except LookupError as err:
-                    raise ApiError(400, str(err)) from None
-            # built beside the batches: the worker only swaps it in
-            prepared = await asyncio.to_thread(prepare, catalog, op, data)
-            change: CatalogChange = await self.scheduler.submit(
-                CatalogUpdate(next(self._seq)), prepared, deadline_ms)
-        return {"catalog_version": change.version, "count": len(payload),
-                "catalogs": change.catalogs, "semantic_ids": assigned or None}
-
-    def _assigned(self, items: list[dict]) -> tuple[list[dict], dict[str, list[int]]]:
-        # upsert items with the Semantic IDs the index's codebooks give (assign_upserts)
-        state = self.engine.catalog
-        if state is None:
-            for k, item in enumerate(items):
-                if "embedding" in item:
-                    raise ValueError(f"items[{k}].embedding: this model has no Semantic-ID "
-                                     f"vocabulary (not a generative model)")
-            return items, {}
-        rows = self.worker.ids.find(item_keys([it["item_id"] for it in items], "items")).tolist()
-        return assign_upserts(items, self.assigner, state.lookup, rows,
-                              ranker=self.catalog.ranker_updater is not None)
+        """``op`` 'upsert' (item dicts) or 'retire' (item ids), all or nothing: see
+        :meth:`genrec.serving.catalog_updates.CatalogUpdates.update`."""
+        return await self.catalog_updates.update(op, payload, deadline_ms)

@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from genrec.serving.admission import MemoryBusyError, RequestTooLargeError
-from genrec.serving.endpoints import ApiError, CatalogBehindError
+from genrec.serving.api_errors import ApiError, CatalogBehindError
 from genrec.serving.engine_process import EngineGoneError
 from genrec.serving.prometheus import ServerMetrics
 from genrec.serving.scheduler import DeadlineExceededError, DrainingError, QueueFullError

@@ -16,8 +16,8 @@ import json
 import re
 from typing import Any
 
+from genrec.serving.api_errors import ApiError
 from genrec.serving.auth import Receive, Scope, Send
-from genrec.serving.endpoints import ApiError
 
 COMPLETIONS = "/v1/completions"
 MODELS = "/v1/models"
@@ -57,7 +57,7 @@ def model_list(name: str, created: int) -> dict[str, Any]:
 
 
 def check_model(requested: str | None, served: str) -> None:
-    """Raise :class:`~genrec.serving.endpoints.ApiError` 404 naming ``model`` when a request
+    """Raise :class:`~genrec.serving.api_errors.ApiError` 404 naming ``model`` when a request
     names a model this server does not serve; ``None`` (not named) is the served one."""
     if requested is not None and requested != served:
         raise ApiError(404, f"model: the model '{requested}' does not exist (this server serves "
