@@ -3,33 +3,28 @@ it carried over, dropped when the catalog was replaced, failures logged and not 
 engine process with ``--engine-process``), and every endpoint over a catalog with a delta:
 ``/v1/completions`` resolves upserted and moved items and keeps accepting retired ones in
 prompts, ``/v1/recommend`` with filters equals the offline engine, ``/metrics`` reports it.
-Kept in a state directory, a catalog reopens over fresh catalogs the same (version, codes,
-retired items, answers, the ranker's table), across folds too and with a compaction landing
-during the replay; refused updates leave no record, a failed write installs nothing."""
+Kept in a state directory (reopening it: test_live_catalog_state_dir.py), a failed write
+installs nothing."""
 
 from __future__ import annotations
 
 import os
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
-from logged_catalog_support import assert_same, free_sids, ranker_pair, reopened, stream
+from logged_catalog_support import free_sids, reopened, stream
 from serving_support import N_ITEMS, post, tiny_engine, wait_until
 
 from genrec import BeamParams, Engine
-from genrec.catalog.id_map import IdMap
 from genrec.engine import RowRequest
-from genrec.live_catalog import served as service_catalog
 from genrec.live_catalog.compaction import (
     COMPACT_MAX_ITEMS,
     COMPACT_MIN_ITEMS,
     compaction_threshold,
 )
-from genrec.live_catalog.log import FoldPolicy, read_state
-from genrec.live_catalog.log_format import CatalogLogError, LogRecord
+from genrec.live_catalog.log import read_state
 from genrec.live_catalog.served import ServiceCatalog
 from genrec.live_catalog.state import CatalogState
 
@@ -272,129 +267,6 @@ def test_the_engine_process_compacts_its_own_catalog(checkpoint: Path) -> None:
 
 
 # -- durability: a catalog kept in a state directory ----------------------------------------
-
-def test_a_logged_catalog_reopens_the_same(tmp_path: Path) -> None:
-    first = reopened(tmp_path / "state", version=3, compact_threshold=4,
-                     fold=FoldPolicy(records=0, bytes=0))
-    catalog = first[0]
-    assert catalog.catalog_version == 3
-    refused = stream(catalog, 30, seed=1)
-    assert refused and catalog.catalog_version == 3 + 30 - refused
-    assert catalog.compactor.wait(10) and catalog.compactor.completed
-    catalog.close()
-    again = reopened(tmp_path / "state", version=99)  # an existing directory's version wins
-    assert_same(first, again)
-    stream(again[0], 5, seed=2)  # goes on from there
-    again[0].close()
-    assert reopened(tmp_path / "state")[0].catalog_version == again[0].catalog_version
-
-
-def test_a_fold_changes_nothing_on_reopening(tmp_path: Path) -> None:
-    first = reopened(tmp_path / "state", fold=FoldPolicy(records=6, bytes=0))
-    catalog = first[0]
-    for seed in range(4):
-        stream(catalog, 10, seed)
-        assert catalog.folder.wait(10)
-    version = catalog.catalog_version
-    assert catalog.folder.completed >= 3 and version > 20
-    stored = read_state(tmp_path / "state")
-    assert stored.base is not None and stored.version == version
-    assert len(stored.records) < 6 and stored.base.generative.codes.dtype == torch.int16
-    ranker, updater = ranker_pair()  # a mirror: replays, writes nothing (the writer is open)
-    mirror = ServiceCatalog.from_dir(tiny_engine(), updater, tmp_path / "state", writable=False)
-    assert mirror.log is None
-    assert_same(first, (mirror, ranker))
-    catalog.close()
-    assert_same(first, reopened(tmp_path / "state"))
-
-
-class CompactionFirst:
-    """A catalog lock before whose every acquisition (but a compaction's own) the compaction
-    started earlier runs and is installed: the latest a compaction can land, right before an
-    update installs. Compactions wait for that (:meth:`CatalogState.compacted` held)."""
-
-    go = threading.Event()
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-
-    @classmethod
-    def hold_compactions(cls, monkeypatch: pytest.MonkeyPatch) -> None:
-        compacted = CatalogState.compacted
-
-        def held(state: CatalogState, device: str | None = None) -> CatalogState:
-            assert cls.go.wait(10)
-            return compacted(state, device)
-
-        monkeypatch.setattr(CatalogState, "compacted", held)
-        monkeypatch.setattr(service_catalog, "threading", SimpleNamespace(Lock=cls))
-
-    def __enter__(self) -> None:
-        me = threading.current_thread()
-        if me.name != "genrec-compaction":
-            self.go.set()
-            for thread in threading.enumerate():
-                if thread.name == "genrec-compaction" and thread is not me:
-                    thread.join(10)
-            self.go.clear()
-        self.lock.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.lock.release()
-
-
-@pytest.mark.parametrize("last", ["retire", "upsert"])
-def test_a_compaction_during_the_replay_changes_nothing(tmp_path: Path, monkeypatch, caplog,
-                                                          last: str) -> None:
-    # the replay's head makes a compaction due; it lands before the last record installs:
-    # that record (in rows) is installed as logged, its new item keeping its id
-    names = IdMap.build([f"song-{i}" for i in range(N_ITEMS)])
-    writer = ServiceCatalog.from_dir(tiny_engine(), None, tmp_path / "state",
-                                     compact_threshold=0, ids=names)
-    sids = free_sids(writer.engine, 6)
-    for k in range(4):
-        writer.upsert([{"item_id": f"new-{k}", "semantic_id": sids[k]}])
-    if last == "retire":
-        writer.retire(["song-3", "new-1"])
-    else:
-        writer.upsert([{"item_id": "new-4", "semantic_id": sids[4]},
-                       {"item_id": "song-5", "semantic_id": sids[5]}])
-    writer.close()
-    CompactionFirst.hold_compactions(monkeypatch)
-    again = ServiceCatalog.from_dir(tiny_engine(), None, tmp_path / "state",
-                                    compact_threshold=2, ids=names)
-    CompactionFirst.go.set()  # a compaction the last record started, too
-    assert again.compactor.wait(10) and again.compactor.completed  # they did land
-    assert "refused on replay" not in caplog.text
-    assert again.catalog_version == writer.catalog_version
-    n = writer.engine.catalog.num_items
-    assert again.engine.catalog.num_items == n and len(again.ids) == n
-    assert again.ids.ids_of(range(n)) == writer.ids.ids_of(range(n))
-    assert torch.equal(again.engine.catalog.codes_of(torch.arange(n)),
-                       writer.engine.catalog.codes_of(torch.arange(n)))
-    assert again.engine.catalog.retired() == writer.engine.catalog.retired()
-    again.close()
-
-
-def test_a_refused_record_at_the_tail_is_dropped_on_replay(tmp_path: Path, caplog) -> None:
-    catalog, _ = reopened(tmp_path / "state")
-    stream(catalog, 6, seed=3)
-    version, log = catalog.catalog_version, catalog.log
-    bad = [{"item_id": 1, "vectors": [[0.0]]}]  # the ranker refuses it
-    log.append(LogRecord(version + 1, "upsert", bad))  # the process died before cutting it
-    catalog.close()
-    again, _ = reopened(tmp_path / "state")
-    assert again.catalog_version == version and "refused on replay" in caplog.text
-    assert read_state(tmp_path / "state").version == version  # cut off there
-    again.log.append(LogRecord(version + 1, "upsert", bad))
-    again.log.append(LogRecord(version + 2, "retire", [3]))
-    again.close()
-    with pytest.raises(CatalogLogError, match=rf"versions 1..{version + 2} cannot be replayed "
-                       r"here: items\[1\]: expected \[2, 32\] vectors"):
-        reopened(tmp_path / "state")
-    with pytest.raises(CatalogLogError, match="no ranker catalog to update"):
-        ServiceCatalog.from_dir(tiny_engine(), None, tmp_path / "state")
-
 
 def test_a_failed_append_installs_nothing(tmp_path: Path, monkeypatch) -> None:
     catalog, _ = reopened(tmp_path / "state")

@@ -25,22 +25,6 @@ from genrec import Engine, ScoreParams
 from genrec.serving import RankRequest
 
 
-def test_health_ready_metrics(full: tuple[str, Updater]) -> None:
-    url, _ = full
-    assert httpx.get(url + "/health").json() == {"status": "ok"}
-    ready = httpx.get(url + "/ready")
-    assert ready.status_code == 200 and ready.json()["status"] == "ready"
-    post(url, "/v1/recommend", RECOMMEND[0])
-    text = httpx.get(url + "/metrics").text
-    for name in ("genrec_requests_total", "genrec_request_seconds_bucket", "genrec_batch_size",
-                 "genrec_queue_depth", "genrec_catalog_version"):
-        assert name in text
-    assert 'endpoint="/v1/recommend",status="200"' in text
-    # the memory budget taken at start, in bytes
-    [budget] = [ln for ln in text.splitlines() if ln.startswith("genrec_memory_budget_bytes ")]
-    assert float(budget.split()[-1]) >= 1
-
-
 def test_concurrent_recommend_equals_offline_engine(full: tuple[str, Updater],
                                                     engine: Engine) -> None:
     url, _ = full

@@ -41,9 +41,13 @@ def _min_version(request: Request, body: Any) -> Any:
     header = request.headers.get("x-min-catalog-version")
     if header is None:
         return body
-    if not header.strip().isdigit() or int(header) >= S.INT64_END:
+    digits = header.strip()
+    # ASCII digits only ("\u00b2" is a digit to isdigit, not to int), and at most 19 of them
+    # before int() (which refuses over 4300 digits with a message not naming the header)
+    if (not (digits.isascii() and digits.isdigit()) or len(digits.lstrip("0")) > 19
+            or int(digits) >= S.INT64_END):
         raise ValueError(f"X-Min-Catalog-Version: expected a catalog version, got {header!r}")
-    wanted = max(int(header), body.min_catalog_version or 0)
+    wanted = max(int(digits), body.min_catalog_version or 0)
     return body.model_copy(update={"min_catalog_version": wanted})
 
 
