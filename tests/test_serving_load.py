@@ -24,7 +24,8 @@ from serving_support import N_ITEMS, RECOMMEND, offline, tiny_engine
 from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.item_table import ItemTable
 from genrec.duolm.prompts import SOFT_ID, STUDENT_VOCAB_SIZE, YES_ID
-from genrec.duolm.ranker import DuoRanker, RankRequest, rank_requests
+from genrec.duolm.ranker import DuoRanker, rank_requests
+from genrec.duolm.requests import RowRankRequest
 from genrec.engine import RowRequest
 from genrec.live_catalog.state import CatalogState
 from genrec.model.registry import build_model
@@ -107,7 +108,7 @@ class Expected:
             table, catalog = self.served.versions[version]
             body = PLAN[k]["body"]
             if PLAN[k]["path"] == "/v1/rank":
-                req = RankRequest(body["history"], body["candidates"])
+                req = RowRankRequest(body["history"], body["candidates"])
                 scores = rank_requests(self.served.ranker.engine, self.served.ranker.prompts,
                                        [req], YES_ID, table.num_items, table, feedback=True)[0]
                 self.cache[key] = None, scores.tolist()
