@@ -209,7 +209,7 @@ def test_loaders_explain_what_is_missing(tmp_path) -> None:  # noqa: ANN001
 
 def test_an_engine_failure_is_a_bare_500(engine: Engine) -> None:
     class Broken(EngineRanker):
-        def rank(self, requests):  # noqa: ANN001, ANN202
+        def rank_rows(self, requests):  # noqa: ANN001, ANN202
             raise RuntimeError("secret internals")
 
     app = create_app(engine, ranker=Broken(engine))
