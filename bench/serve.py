@@ -1,7 +1,7 @@
 """Serving benchmark: throughput and p50/p99 latency of ``genrec serve`` against concurrency,
 and the offline engine on the same requests.
 
-- offline: ``Engine.recommend`` (and ``DuoRanker.rank`` with ``--ranker``) called directly on
+- offline: ``Engine.recommend`` (and ``DuoRanker.rank_rows`` with ``--ranker``) called directly on
   the same requests, in batches of ``--max-batch-size`` — the ceiling the server's dynamic
   batching can reach;
 - server: ``genrec serve`` in its own process on loopback; ``c`` concurrent clients (httpx,
@@ -223,16 +223,18 @@ def main(argv: list[str] | None = None) -> int:
         lambda hs: engine.recommend_rows([RowRequest(h) for h in hs], params), histories,
         args.max_batch_size, args.duration)}
     if args.ranker:
-        from genrec.serving.backends import RankRequest, load_ranker
+        from genrec.duolm.requests import RowRankRequest
+        from genrec.serving.backends import load_ranker
 
         ranker = load_ranker(args.ranker, args.item_store)
         r_items = ranker.table.num_items if hasattr(ranker, "table") else n_items
-        rank_reqs = [RankRequest(h[:args.history], torch.randint(0, r_items, (args.candidates,),
-                                 generator=g).tolist()) for h in
-                     [[i % r_items for i in h] for h in histories]]
+        rank_reqs = [RowRankRequest(h[:args.history],
+                                    torch.randint(0, r_items, (args.candidates,),
+                                                  generator=g).tolist())
+                     for h in [[i % r_items for i in h] for h in histories]]
         bodies["/v1/rank"] = [{"history": list(r.history), "candidates": list(r.candidates)}
                               for r in rank_reqs]
-        offline["/v1/rank"] = offline_rate(ranker.rank, rank_reqs, args.max_batch_size,
+        offline["/v1/rank"] = offline_rate(ranker.rank_rows, rank_reqs, args.max_batch_size,
                                            args.duration)
         del ranker
     print("offline: " + ", ".join(f"{k} {v:.1f} req/s" for k, v in offline.items()),

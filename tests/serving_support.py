@@ -17,7 +17,7 @@ from genrec.catalog.item_table import ItemTable
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.engine import RowRequest
 from genrec.model import ModelConfig, build_model
-from genrec.serving import BackgroundServer, RankRequest, ServeConfig, create_app
+from genrec.serving import BackgroundServer, RowRankRequest, ServeConfig, create_app
 from genrec.serving.openai_api import is_openai_route
 from genrec.vocab.sid_vocab import BOS_ID, NUM_SPECIAL, SOFT_ID, SidVocab
 
@@ -58,7 +58,7 @@ class EngineRanker:
     def catalog_version(self) -> int:
         return self.engine.item_table.version
 
-    def rank(self, requests: Sequence[RankRequest]) -> list[torch.Tensor]:
+    def rank_rows(self, requests: Sequence[RowRankRequest]) -> list[torch.Tensor]:
         self.entered.set()
         if self.gate is not None:
             self.gate.wait(10)

@@ -121,7 +121,7 @@ def test_ranker_reranks_the_beam(trained: tuple[Path, Path, dict], tmp_path: Pat
     spot or read from an item store gives the same answer."""
     from genrec.commands.eval_ranker import load_student
     from genrec.data import load_json_dataset
-    from genrec.duolm.ranker import RankRequest
+    from genrec.duolm.requests import RankRequest
 
     data, run, _ = trained
     duo = ["--hidden", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1",
@@ -145,10 +145,10 @@ def test_ranker_reranks_the_beam(trained: tuple[Path, Path, dict], tmp_path: Pat
     for beam, line, again in zip(read_lines(plain), read_lines(ranked), read_lines(stored),
                                  strict=True):
         history = ds.sequences[ds.user_ids.index(beam["user_id"])]
-        rows = [ds.item_index[i] for i in beam["items"]]
-        scores = ranker.rank([RankRequest(history, rows)])[0].tolist()
-        order = sorted(range(8), key=lambda k: -scores[k])[:3]
-        assert line["items"] == [beam["items"][k] for k in order]
-        assert line["scores"] == pytest.approx([scores[k] for k in order], abs=1e-5)
+        ranking = ranker.rank([RankRequest([ds.item_ids[h] for h in history],
+                                           beam["items"])])[0]  # the public id path
+        assert sorted(ranking.items) == sorted(beam["items"]) and not ranking.ignored
+        assert line["items"] == ranking.items[:3]
+        assert line["scores"] == pytest.approx(ranking.scores[:3], abs=1e-5)
         assert again["items"] == line["items"]
 

@@ -9,7 +9,8 @@ import torch
 
 from genrec.catalog.item_table import ItemTable
 from genrec.duolm.prompts import SOFT_ID, STUDENT_VOCAB_SIZE, YES_ID, StudentPrompts
-from genrec.duolm.ranker import DuoRanker, RankRequest
+from genrec.duolm.ranker import DuoRanker
+from genrec.duolm.requests import RankRequest, RowRankRequest
 from genrec.duolm.store import write_store
 from genrec.engine import Engine
 from genrec.engine.engine_config import EngineConfig
@@ -42,53 +43,53 @@ def alone_score(ranker: DuoRanker, history: list[int], item: int) -> float:
 def test_scores_match_each_candidate_alone() -> None:
     ranker = make_ranker()
     history, cands = [3, 7, 11], [0, 5, 29, 12]
-    scores = ranker.rank([RankRequest(history, cands)])[0]
+    scores = ranker.rank_rows([RowRankRequest(history, cands)])[0]
     expected = torch.tensor([alone_score(ranker, history, c) for c in cands])
     torch.testing.assert_close(scores, expected, atol=1e-4, rtol=0)
 
 
 def test_score_does_not_depend_on_other_candidates() -> None:
     ranker = make_ranker()
-    alone = ranker.rank([RankRequest([1, 2], [4])])[0]
-    crowd = ranker.rank([RankRequest([1, 2], list(range(N_ITEMS)) * 4)])[0]
+    alone = ranker.rank_rows([RowRankRequest([1, 2], [4])])[0]
+    crowd = ranker.rank_rows([RowRankRequest([1, 2], list(range(N_ITEMS)) * 4)])[0]
     assert torch.allclose(crowd[4], alone[0], atol=1e-5)
-    batched = ranker.rank([RankRequest([9], [3, 4]), RankRequest([1, 2], [4])])[1]
+    batched = ranker.rank_rows([RowRankRequest([9], [3, 4]), RankRequest([1, 2], [4])])[1]
     assert torch.allclose(batched[0], alone[0], atol=1e-5)
 
 
 def test_feedback_tokens_change_the_prefix() -> None:
     ranker = make_ranker()
-    plain = ranker.rank([RankRequest([1, 2], [4])])[0]
-    liked = ranker.rank([RankRequest([1, 2], [4], feedback=["like", "rating_5"])])[0]
+    plain = ranker.rank_rows([RowRankRequest([1, 2], [4])])[0]
+    liked = ranker.rank_rows([RowRankRequest([1, 2], [4], feedback=["like", "rating_5"])])[0]
     assert not torch.allclose(plain, liked)
     with pytest.raises(InputError, match=r"requests\[0\]\.feedback"):
-        ranker.rank([RankRequest([1, 2], [4], feedback=["meh", None])])
+        ranker.rank_rows([RowRankRequest([1, 2], [4], feedback=["meh", None])])
 
 
 @pytest.mark.parametrize("req, field", [
-    (RankRequest([1], [N_ITEMS]), r"requests\[0\]\.candidates: unknown item id 30"),
-    (RankRequest([-1], [2]), r"requests\[0\]\.history: unknown item id -1"),
-    (RankRequest([1], []), r"requests\[0\]\.candidates: empty"),
-    (RankRequest([1], ["a"]), r"requests\[0\]\.candidates: item ids must be integers"),
+    (RowRankRequest([1], [N_ITEMS]), r"requests\[0\]\.candidates: unknown item id 30"),
+    (RowRankRequest([-1], [2]), r"requests\[0\]\.history: unknown item id -1"),
+    (RowRankRequest([1], []), r"requests\[0\]\.candidates: empty"),
+    (RowRankRequest([1], ["a"]), r"requests\[0\]\.candidates: item ids must be integers"),
 ])
-def test_bad_requests_name_the_field(req: RankRequest, field: str) -> None:
+def test_bad_requests_name_the_field(req: RowRankRequest, field: str) -> None:
     ranker = make_ranker()
     with pytest.raises(InputError, match=field):
-        ranker.rank([req])
-    assert ranker.rank([RankRequest([1], [2])])[0].shape == (1,)  # still usable
+        ranker.rank_rows([req])
+    assert ranker.rank_rows([RowRankRequest([1], [2])])[0].shape == (1,)  # still usable
 
 
 def test_update_replaces_adds_and_retires_all_or_nothing() -> None:
     ranker = make_ranker()
-    before = ranker.rank([RankRequest([1, 2], [3, 4, 5])])[0]
+    before = ranker.rank_rows([RowRankRequest([1, 2], [3, 4, 5])])[0]
     version = ranker.update({4: torch.randn(K, HIDDEN), N_ITEMS: torch.randn(K, HIDDEN)},
                             retire=[5])
     assert version == 1 and ranker.catalog_version == 1 and ranker.table.num_items == N_ITEMS + 1
-    after = ranker.rank([RankRequest([1, 2], [3, 4, N_ITEMS])])[0]
+    after = ranker.rank_rows([RowRankRequest([1, 2], [3, 4, N_ITEMS])])[0]
     assert torch.allclose(after[0], before[0], atol=1e-6)  # untouched item: same score
     assert not torch.allclose(after[1], before[1])  # replaced item: new score
     with pytest.raises(InputError, match="retired"):
-        ranker.rank([RankRequest([1, 2], [5])])
+        ranker.rank_rows([RowRankRequest([1, 2], [5])])
     with pytest.raises(InputError, match="retired"):  # also through raw virtual tokens
         ranker.engine.score([0], [ranker.prompts.candidate(5)], ScoreParams("labels", [YES_ID]))
     # a bad update changes nothing
@@ -97,21 +98,21 @@ def test_update_replaces_adds_and_retires_all_or_nothing() -> None:
     with pytest.raises(InputError, match="new item ids"):
         ranker.update({N_ITEMS + 5: torch.randn(K, HIDDEN)})
     assert ranker.catalog_version == 1
-    again = ranker.rank([RankRequest([1, 2], [3, 4, N_ITEMS])])[0]
+    again = ranker.rank_rows([RowRankRequest([1, 2], [3, 4, N_ITEMS])])[0]
     torch.testing.assert_close(again, after)
     # an item can come back
     ranker.update({5: torch.randn(K, HIDDEN)})
-    assert ranker.rank([RankRequest([1], [5])])[0].shape == (1,)
+    assert ranker.rank_rows([RowRankRequest([1], [5])])[0].shape == (1,)
 
 
 def test_requests_during_updates_see_one_table_version() -> None:
     ranker = make_ranker()
-    req = RankRequest([1, 2, 3], list(range(N_ITEMS)))
+    req = RowRankRequest([1, 2, 3], list(range(N_ITEMS)))
     tables = [torch.randn(N_ITEMS, K, HIDDEN) for _ in range(2)]
     expected = []
     for t in tables:
         ranker.update(dict(enumerate(t)))
-        expected.append(ranker.rank([req])[0])
+        expected.append(ranker.rank_rows([req])[0])
     stop = threading.Event()
 
     def flip() -> None:
@@ -124,7 +125,7 @@ def test_requests_during_updates_see_one_table_version() -> None:
     thread.start()
     try:
         for _ in range(30):
-            got = ranker.rank([req])[0]
+            got = ranker.rank_rows([req])[0]
             assert any(torch.allclose(got, e, atol=1e-6) for e in expected)
     finally:
         stop.set()
@@ -141,8 +142,10 @@ def test_from_pretrained_checks_the_store(tmp_path) -> None:  # noqa: ANN001
     ids = [f"item{i}" for i in range(N_ITEMS)]
     write_store(tmp_path / "store", ranker.table.vectors, ids)
     loaded = DuoRanker.from_pretrained(tmp_path / "m", tmp_path / "store")
-    req = [RankRequest([1, 2], [3, 4])]
-    torch.testing.assert_close(loaded.rank(req)[0], ranker.rank(req)[0])
+    got = loaded.rank([RankRequest(["item1", "item2"], ["item3", "item4"])])[0]
+    want = ranker.rank_rows([RowRankRequest([1, 2], [3, 4])])[0]
+    torch.testing.assert_close(torch.tensor([got.scores[got.items.index(f"item{c}")]
+                                             for c in (3, 4)]), want)
     assert loaded.item_ids == ids and loaded.catalog_version == 1
     write_store(tmp_path / "bad", torch.randn(N_ITEMS, K, HIDDEN + 1), ids)
     with pytest.raises(ValueError, match="hidden size"):

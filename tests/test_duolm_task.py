@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from genrec.data.split import Example
 from genrec.duolm.encoder import EncoderConfig, ItemEncoder, ItemFeatures
 from genrec.duolm.prompts import STUDENT_VOCAB_SIZE, StudentPrompts
-from genrec.duolm.ranker import RankRequest
+from genrec.duolm.requests import RowRankRequest
 from genrec.model.registry import build_model
 from genrec.training.duolm_task import DuoModel, RankingTask, ranker_config
 from genrec.training.initialization import init_weights
@@ -40,7 +40,7 @@ def examples() -> list[Example]:
 class FixedTeacher:
     """A teacher whose scores are a fixed function of the candidate id."""
 
-    def rank(self, requests: list[RankRequest]) -> list[torch.Tensor]:
+    def rank_rows(self, requests: list[RowRankRequest]) -> list[torch.Tensor]:
         return [torch.tensor([float(c % 7) for c in r.candidates]) for r in requests]
 
 
@@ -56,7 +56,7 @@ def test_training_scores_equal_engine_scores() -> None:
     batch = task.batches(0)[0]
     train = task.scores(model, batch)  # [B, 6], with autograd
     rank = task.rank_fn(model)
-    served = torch.stack(rank([RankRequest(ex.history, c)
+    served = torch.stack(rank([RowRankRequest(ex.history, c)
                                for ex, c in zip(batch.examples, batch.candidates, strict=True)]))
     torch.testing.assert_close(train.detach(), served, atol=1e-4, rtol=0)
 
@@ -68,7 +68,7 @@ def test_soft_token_scores_equal_engine_scores() -> None:
     batch = task.batches(0)[0]
     train = task.scores(model, batch)
     served = torch.stack(task.rank_fn(model)([
-        RankRequest(ex.history, c, vectors[ex.user])
+        RowRankRequest(ex.history, c, vectors[ex.user])
         for ex, c in zip(batch.examples, batch.candidates, strict=True)]))
     torch.testing.assert_close(train.detach(), served, atol=1e-4, rtol=0)
     other = make_task(feats, user_vectors=torch.randn(20, 3)).scores(model, batch)

@@ -13,7 +13,7 @@ import torch
 from serving_support import EngineRanker, tiny_engine
 
 from genrec import BeamParams, Engine
-from genrec.duolm.ranker import RankRequest
+from genrec.duolm.requests import RowRankRequest
 from genrec.engine import RowRecommendation, RowRequest
 from genrec.jobs import BatchParams, recommend_users, write_recommendations
 
@@ -55,10 +55,10 @@ def test_history_is_excluded_only_when_asked(engine: Engine) -> None:
 def test_rerank_orders_the_beam_by_the_ranker(engine: Engine) -> None:
     ranker = EngineRanker(engine)
     params = BatchParams(n=3, beam_width=8, batch_size=4)
-    found = list(recommend_users(engine, HISTORIES, params, rerank=ranker.rank))
+    found = list(recommend_users(engine, HISTORIES, params, rerank=ranker.rank_rows))
     for history, rec in zip(HISTORIES, found, strict=True):
         beam = one_by_one(engine, history, BeamParams(8, 8), True)
-        scores = ranker.rank([RankRequest(history, beam.items)])[0]
+        scores = ranker.rank_rows([RowRankRequest(history, beam.items)])[0]
         top = torch.argsort(scores, descending=True, stable=True)[:3].tolist()
         assert rec.items == [beam.items[i] for i in top]
         assert rec.scores == pytest.approx([float(scores[i]) for i in top], abs=1e-5)

@@ -22,7 +22,7 @@ from serving_support import (
 )
 
 from genrec import Engine, ScoreParams
-from genrec.serving import RankRequest
+from genrec.serving import RowRankRequest
 
 
 def test_concurrent_recommend_equals_offline_engine(full: tuple[str, Updater],
@@ -52,13 +52,13 @@ def test_rank_equals_the_ranker_offline_and_rerank_uses_it(full: tuple[str, Upda
         answers = list(pool.map(lambda b: post(url, "/v1/rank", b), bodies * 2))
     for body, r in zip(bodies * 2, answers, strict=True):
         assert r.status_code == 200, r.text
-        want = ranker.rank([RankRequest(body["history"], body["candidates"],
+        want = ranker.rank_rows([RowRankRequest(body["history"], body["candidates"],
                                         body.get("user_vector"))])[0]
         assert torch.allclose(torch.tensor(r.json()["scores"]), want, atol=1e-5)
     body = {"history": [3, 17, 8], "n": 3, "beam_width": 6, "rerank": True}
     got = post(url, "/v1/recommend", body).json()
     retrieved, _ = offline(engine, {**body, "n": 6})
-    scores = ranker.rank([RankRequest(body["history"], rows(retrieved))])[0]
+    scores = ranker.rank_rows([RowRankRequest(body["history"], rows(retrieved))])[0]
     order = torch.argsort(scores, descending=True, stable=True)[:3].tolist()
     assert got["items"] == [retrieved[i] for i in order]
 

@@ -30,7 +30,7 @@ from serving_support import (
 
 from genrec import Engine
 from genrec.model import save_model
-from genrec.serving import BackgroundServer, RankRequest, ServeConfig, create_app
+from genrec.serving import BackgroundServer, RowRankRequest, ServeConfig, create_app
 from genrec.serving.uvicorn_server import free_port
 
 BAD = [
@@ -121,7 +121,7 @@ def test_bad_request_among_concurrent_ones_fails_alone(full: tuple[str, Updater]
     assert [a.status_code for a in answers] == [200, 422, 200]
     ranker = EngineRanker(engine)
     for i in (0, 2):
-        want = ranker.rank([RankRequest(bodies[i]["history"], bodies[i]["candidates"])])[0]
+        want = ranker.rank_rows([RowRankRequest(bodies[i]["history"], bodies[i]["candidates"])])[0]
         assert torch.allclose(torch.tensor(answers[i].json()["scores"]), want, atol=1e-5)
 
 
@@ -209,7 +209,7 @@ def test_loaders_explain_what_is_missing(tmp_path) -> None:  # noqa: ANN001
 
 def test_an_engine_failure_is_a_bare_500(engine: Engine) -> None:
     class Broken(EngineRanker):
-        def rank(self, requests):  # noqa: ANN001, ANN202
+        def rank_rows(self, requests):  # noqa: ANN001, ANN202
             raise RuntimeError("secret internals")
 
     app = create_app(engine, ranker=Broken(engine))

@@ -24,7 +24,8 @@ from serving_support import N_ITEMS, RECOMMEND, offline, tiny_engine
 from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.item_table import ItemTable
 from genrec.duolm.prompts import SOFT_ID, STUDENT_VOCAB_SIZE, YES_ID
-from genrec.duolm.ranker import DuoRanker, RankRequest, rank_requests
+from genrec.duolm.ranker import DuoRanker, rank_requests
+from genrec.duolm.requests import RowRankRequest
 from genrec.engine import RowRequest
 from genrec.live_catalog.state import CatalogState
 from genrec.model.registry import build_model
@@ -79,7 +80,7 @@ def serve(max_queue: int, slow: bool = False) -> Iterator[Served]:
     engine, ranker = tiny_engine(), duo_ranker()
     if slow:
         engine.recommend = slowed(engine.recommend)  # type: ignore[method-assign]
-        ranker.rank = slowed(ranker.rank)  # type: ignore[method-assign]
+        ranker.rank_rows = slowed(ranker.rank_rows)  # type: ignore[method-assign]
     app = create_app(engine, ranker=ranker, catalog_updater=RankerCatalogUpdater(ranker),
                      config=ServeConfig(max_batch_size=8, max_wait_ms=2, max_queue=max_queue))
     with BackgroundServer(app) as server:
@@ -107,7 +108,7 @@ class Expected:
             table, catalog = self.served.versions[version]
             body = PLAN[k]["body"]
             if PLAN[k]["path"] == "/v1/rank":
-                req = RankRequest(body["history"], body["candidates"])
+                req = RowRankRequest(body["history"], body["candidates"])
                 scores = rank_requests(self.served.ranker.engine, self.served.ranker.prompts,
                                        [req], YES_ID, table.num_items, table, feedback=True)[0]
                 self.cache[key] = None, scores.tolist()

@@ -16,7 +16,7 @@ from genrec import BeamParams, Engine, ScoreParams, ScoreRequest
 from genrec.engine import RowRequest
 from genrec.live_catalog.compaction import CatalogStats
 from genrec.live_catalog.update_plan import CatalogChange
-from genrec.serving import RankRequest, Worker
+from genrec.serving import RowRankRequest, Worker
 from genrec.serving.messages import (
     Batch,
     CatalogOp,
@@ -76,7 +76,7 @@ def test_each_message_runs_its_method_and_results_carry_the_version(engine: Engi
         assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(result.value, want,
                                                                    strict=True))
 
-    ranked = worker.run(RankBatch(), [RankRequest([1, 2], [4, 5, 6])])
+    ranked = worker.run(RankBatch(), [RowRankRequest([1, 2], [4, 5, 6])])
     assert ranked[0].value.shape == (3,) and ranked[0].catalog_version == 3
 
     change = worker.run(CatalogUpdate(0), [CatalogOp("retire", [4])])[0]
@@ -105,7 +105,7 @@ def test_unknown_messages_and_missing_parts_are_refused(engine: Engine) -> None:
     with pytest.raises(TypeError, match="unknown message"):
         worker.run(("recommend", 8, 4), [RowRequest([1])])
     with pytest.raises(RuntimeError, match="no ranker"):
-        worker.run(RankBatch(), [RankRequest([1], [2])])
+        worker.run(RankBatch(), [RowRankRequest([1], [2])])
     with pytest.raises(ValueError, match="unknown item id"):
         worker.run(RecommendBatch(4, 2), [RowRequest([N_ITEMS + 1])])
     bare = Worker(SimpleNamespace(catalog=None, item_table=None))

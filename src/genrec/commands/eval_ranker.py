@@ -34,7 +34,8 @@ def eval_rankers(
     (and the teacher, when given) side by side; NDCG@10, Recall@10, MRR."""
     import time
 
-    from genrec.duolm.ranker import RankRequest, TeacherRanker, read_meta
+    from genrec.duolm.ranker import TeacherRanker, read_meta
+    from genrec.duolm.requests import RowRankRequest
     from genrec.evaluation.ranking import evaluate_ranking
     from genrec.training.user_vectors import load_saved_user_vectors
     from genrec.utils.atomic import atomic_write_json
@@ -48,7 +49,8 @@ def eval_rankers(
             kind = read_meta(folder)["kind"]
             if kind == "teacher":
                 rankers["teacher"] = TeacherRanker.from_pretrained(
-                    folder, dataset_item_text(ds), ds.num_items, device=dev)
+                    folder, dataset_item_text(ds), ds.num_items, device=dev,
+                    item_ids=list(ds.item_ids))
             else:
                 rankers["student"] = load_student(folder, store, ds, progress, dev)
         meta_hist = int(read_meta(model_folder(model)).get("max_history", 20))
@@ -62,8 +64,9 @@ def eval_rankers(
                 vectors = load_saved_user_vectors(model_folder(model), ds.user_ids)
 
             def score(e, c, r=ranker, v=vectors):  # noqa: ANN001, ANN202
-                return r.rank([RankRequest(x.history, y, None if v is None else v[x.user])
-                               for x, y in zip(e, c, strict=True)])
+                return r.rank_rows([RowRankRequest(x.history, y,
+                                                   None if v is None else v[x.user])
+                                    for x, y in zip(e, c, strict=True)])
 
             results[name] = evaluate_ranking(score, exs, cands, progress=progress)
             results[name]["seconds"] = time.perf_counter() - start

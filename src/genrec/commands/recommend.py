@@ -103,7 +103,7 @@ def user_rows(path: Path, ds: Dataset) -> list[int]:
 
 def load_rerank(path: Path, store: Path | None, ds: Dataset, progress: bool,
                 device: str) -> Rerank:
-    """The ``rank`` of the DuoLM student in ``path`` over ``ds``'s catalog (its item store's
+    """The ``rank_rows`` of the DuoLM student in ``path`` over ``ds``'s catalog (its item store's
     ids must be the table's)."""
     from genrec.commands.eval_ranker import load_student
     from genrec.duolm.ranker import read_meta
@@ -119,4 +119,4 @@ def load_rerank(path: Path, store: Path | None, ds: Dataset, progress: bool,
     if student.engine.model.config.user_dim:
         raise ValueError(f"--ranker {path}: a ranker with a soft token (user vectors) is not "
                          f"supported by the batch job")
-    return student.rank
+    return student.rank_rows

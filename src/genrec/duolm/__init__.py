@@ -2,7 +2,8 @@
 
 from genrec.duolm.encoder import EncoderConfig, ItemEncoder, ItemFeatures
 from genrec.duolm.prompts import StudentPrompts, TeacherPrompts
-from genrec.duolm.ranker import DuoRanker, RankRequest, TeacherRanker
+from genrec.duolm.ranker import DuoRanker, TeacherRanker
+from genrec.duolm.requests import Ranking, RankRequest, RowRankRequest
 from genrec.duolm.store import StoreVersion, load_store, write_store
 
 __all__ = [
@@ -11,6 +12,8 @@ __all__ = [
     "ItemEncoder",
     "ItemFeatures",
     "RankRequest",
+    "Ranking",
+    "RowRankRequest",
     "StoreVersion",
     "StudentPrompts",
     "TeacherPrompts",

@@ -1,5 +1,9 @@
 """DuoLM rankers on the engine: the student (virtual item tokens) and the full-text teacher.
 
+``rank`` speaks the catalog's own ids (:class:`~genrec.duolm.requests.RankRequest` in,
+:class:`~genrec.duolm.requests.Ranking` out); ``rank_rows`` is the row-level path the server,
+training, evaluation and the batch job use.
+
 Both score a user's candidates in one multi-item scoring request per user (prefix once, each
 candidate attending to the prefix and itself); a score is log p(yes) at the candidate's last
 token. The student reads item representations from the engine's item table, which can be
@@ -12,7 +16,6 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,6 +25,7 @@ from genrec.catalog.id_map import check_rows
 from genrec.catalog.item_table import ItemTable
 from genrec.duolm.encoder import ItemEncoder, compute_features
 from genrec.duolm.prompts import SOFT_ID, YES_ID, StudentPrompts, TeacherPrompts
+from genrec.duolm.requests import Ranking, RankRequest, RowRankRequest, TableIds, rank_by_ids
 from genrec.duolm.store import StoreVersion, load_store, write_store
 from genrec.engine.engine import Engine
 from genrec.engine.engine_config import EngineConfig
@@ -32,17 +36,6 @@ from genrec.model.checkpoint import load_model
 
 META_FILE = "duolm.json"
 ENCODER_DIR = "item_encoder"
-
-
-@dataclass
-class RankRequest:
-    """One user: history item ids (oldest first), candidate item ids, optional user vector and
-    optional per-history-item feedback (``rating_1``..``rating_5``, ``like``, ``skip``)."""
-
-    history: Sequence[int]
-    candidates: Sequence[int]
-    user_vector: Sequence[float] | torch.Tensor | None = None
-    feedback: Sequence[str | None] | None = None
 
 
 class Prompts(Protocol):
@@ -60,7 +53,7 @@ def _check_ids(ids: Sequence[int], num_items: int, active: torch.Tensor | None,
 
 
 def rank_requests(
-    engine: Engine, prompts: Prompts, requests: Sequence[RankRequest], yes_id: int,
+    engine: Engine, prompts: Prompts, requests: Sequence[RowRankRequest], yes_id: int,
     num_items: int, table: ItemTable | None = None, feedback: bool = False,
 ) -> list[torch.Tensor]:
     """Scores [n_candidates] per request: one scoring request per user, all batched.
@@ -112,8 +105,11 @@ class DuoRanker:
         self.prompts = StudentPrompts(k=table.tokens_per_item,
                                       vocab_size=engine.model.config.vocab_size,
                                       max_history=max_history)
-        self.item_ids = list(item_ids) if item_ids is not None else \
+        names = list(item_ids) if item_ids is not None else \
             [str(i) for i in range(table.num_items)]
+        if len(names) != table.num_items:
+            raise ValueError(f"item_ids: {len(names)} ids for a table of {table.num_items} items")
+        self._catalog = TableIds(table, names)  # what the id path reads, in one access
         self._lock = threading.Lock()  # serialises updates; readers never wait
         engine.set_item_table(table)
 
@@ -145,9 +141,28 @@ class DuoRanker:
     def catalog_version(self) -> int:
         return self.table.version
 
-    def rank(self, requests: Sequence[RankRequest]) -> list[torch.Tensor]:
-        """Score each request's candidates (1-D tensor per request, higher is better)."""
-        table = self.table  # read once: the whole call uses this version
+    @property
+    def item_ids(self) -> list[str]:
+        """The catalog's id of each row of the current table (do not modify)."""
+        return self._catalog.item_ids
+
+    def rank(self, requests: Sequence[RankRequest]) -> list[Ranking]:
+        """Each request's candidates (the catalog's ids) ordered by score, best first, with
+        the ``history`` ids the catalog lacks (``ignored``; left out). Raises ``InputError``
+        naming ``requests[i].<field>`` for bad input: an unknown or retired candidate, an
+        empty candidate list, feedback not matching the history."""
+        catalog = self._catalog  # read once: the whole call uses this table and its ids
+        return rank_by_ids(requests, catalog.ids,
+                           lambda rows: self._rank_rows(rows, catalog.table))
+
+    def rank_rows(self, requests: Sequence[RowRankRequest]) -> list[torch.Tensor]:
+        """The internal row-level ``rank``: scores [n_candidates] per request, in candidate
+        order (higher is better); items are the table's rows."""
+        return self._rank_rows(requests, self.table)  # the table read once
+
+    def _rank_rows(self, requests: Sequence[RowRankRequest], table: ItemTable | None
+                   ) -> list[torch.Tensor]:
+        assert table is not None
         return rank_requests(self.engine, self.prompts, requests, YES_ID, table.num_items,
                              table, feedback=True)
 
@@ -190,8 +205,9 @@ class DuoRanker:
                 if 0 <= i < total:
                     ids[i] = name
             new = ItemTable(table, version=old.version + 1, active=active)
-            self.engine.set_item_table(new)  # the one swap readers see
-            self.item_ids = ids
+            catalog = TableIds(new, ids)
+            self.engine.set_item_table(new)  # the swap row-level readers see
+            self._catalog = catalog  # the swap id-level readers see
             return new.version
 
     def upsert_texts(self, texts: Mapping[int, str]) -> int:
@@ -212,17 +228,27 @@ class DuoRanker:
 
 
 class TeacherRanker:
-    """The full-text teacher: the same scoring path over text-token prompts."""
+    """The full-text teacher: the same scoring path over text-token prompts; ``item_ids``:
+    the catalog's id of each row (``None``: ``"0" .. "N-1"``)."""
 
-    def __init__(self, engine: Engine, prompts: TeacherPrompts) -> None:
+    def __init__(self, engine: Engine, prompts: TeacherPrompts,
+                 item_ids: Sequence[str] | None = None) -> None:
         self.engine = engine
         self.prompts = prompts
+        n = prompts.num_items
+        names = list(item_ids) if item_ids is not None else [str(i) for i in range(n)]
+        if len(names) != n:
+            raise ValueError(f"item_ids: {len(names)} ids for a catalog of {n} items")
+        self._catalog = TableIds(None, names)
 
     @classmethod
     def from_pretrained(
         cls, path: str | Path, item_text: Mapping[int, Mapping[str, str]], num_items: int,
         device: str = "cpu", dtype: str | torch.dtype | None = None,
+        item_ids: Sequence[str] | None = None,
     ) -> TeacherRanker:
+        """Load a teacher checkpoint; ``item_text[row]``: the item's text fields, ``item_ids``:
+        the catalog's id of each row (``None``: ``"0" .. "N-1"``)."""
         meta = read_meta(path)
         if meta.get("kind") != "teacher":
             raise ValueError(f"{path}: a {meta.get('kind')} checkpoint, not a DuoLM teacher")
@@ -231,8 +257,14 @@ class TeacherRanker:
             max_text_tokens=int(meta["max_text_tokens"]), max_history=int(meta["max_history"]))
         engine = Engine(load_model(path, dtype=dtype, device=device),
                         config=EngineConfig(soft_token_id=prompts.soft_id))
-        return cls(engine, prompts)
+        return cls(engine, prompts, item_ids)
 
-    def rank(self, requests: Sequence[RankRequest]) -> list[torch.Tensor]:
+    def rank(self, requests: Sequence[RankRequest]) -> list[Ranking]:
+        """As :meth:`DuoRanker.rank`: the candidates (ids) best first, with ``ignored``."""
+        return rank_by_ids(requests, self._catalog.ids, self.rank_rows)
+
+    def rank_rows(self, requests: Sequence[RowRankRequest]) -> list[torch.Tensor]:
+        """The internal row-level ``rank``: scores [n_candidates] per request, in candidate
+        order."""
         return rank_requests(self.engine, self.prompts, requests, self.prompts.yes_id,
                              self.prompts.num_items)

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm.auto import tqdm
 
-from genrec.duolm.ranker import RankRequest
+from genrec.duolm.requests import RowRankRequest
 from genrec.engine import BeamParams, RowRecommendation, RowRequest
 from genrec.utils.atomic import atomic_write
 
 if TYPE_CHECKING:
     from genrec.engine import Engine
 
-#: A ranker's ``rank``: one 1-D tensor of scores per request, higher is better.
-Rerank = Callable[[Sequence[RankRequest]], Sequence[torch.Tensor]]
+#: A ranker's ``rank_rows``: one 1-D tensor of scores per request, higher is better.
+Rerank = Callable[[Sequence[RowRankRequest]], Sequence[torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def recommend_users(
     """Each history's top ``params.n`` items (catalog rows, best first, with their scores), in
     the order of ``histories``; ``user_vectors[i]`` feeds history ``i``'s soft token.
 
-    ``rerank`` (a ranker's ``rank``): the beam's ``beam_width`` items ordered by its scores
+    ``rerank`` (a ranker's ``rank_rows``): the beam's ``beam_width`` items ordered by its scores
     instead, the best ``n`` kept (the ranker reads the histories, no user vector). The
     progress bar counts users.
     """
@@ -89,7 +89,7 @@ def _reranked(rerank: Rerank, requests: Sequence[RowRequest],
     asked = [k for k, rec in enumerate(found) if rec.items]
     if not asked:
         return out
-    scores = rerank([RankRequest(history=requests[k].history, candidates=found[k].items)
+    scores = rerank([RowRankRequest(history=requests[k].history, candidates=found[k].items)
                      for k in asked])
     for k, values in zip(asked, scores, strict=True):
         values = torch.as_tensor(values, dtype=torch.float32).reshape(-1)

@@ -7,7 +7,8 @@ A request goes route (:mod:`~genrec.serving.routes`) -> :class:`~genrec.serving.
 Needs the ``serve`` extras (fastapi, uvicorn, prometheus-client).
 """
 
-from genrec.serving.backends import CatalogUpdater, Ranker, RankRequest
+from genrec.duolm.requests import RowRankRequest
+from genrec.serving.backends import CatalogUpdater, Ranker
 from genrec.serving.http_app import build_app, create_app
 from genrec.serving.scheduler import BatchScheduler
 from genrec.serving.spec import ServeConfig
@@ -15,6 +16,6 @@ from genrec.serving.uvicorn_server import BackgroundServer, run_server
 from genrec.serving.worker import BatchWorker, Worker
 
 __all__ = [
-    "BackgroundServer", "BatchScheduler", "BatchWorker", "CatalogUpdater", "RankRequest",
-    "Ranker", "ServeConfig", "Worker", "build_app", "create_app", "run_server",
+    "BackgroundServer", "BatchScheduler", "BatchWorker", "CatalogUpdater", "Ranker",
+    "RowRankRequest", "ServeConfig", "Worker", "build_app", "create_app", "run_server",
 ]

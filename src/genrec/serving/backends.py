@@ -9,37 +9,27 @@ that use them run in :class:`genrec.serving.worker.Worker`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from genrec.duolm.requests import RowRankRequest
 from genrec.live_catalog.host import CatalogUpdater
 
 if TYPE_CHECKING:
     import torch
 
-try:  # the DuoLM ranker's request type, once that package exists
-    from genrec.duolm.ranker import RankRequest  # type: ignore[import-not-found]
-except ImportError:
-
-    @dataclass
-    class RankRequest:  # type: ignore[no-redef]
-        """One user to rank for (same fields as ``genrec.duolm.ranker.RankRequest``)."""
-
-        history: Sequence[int]
-        candidates: Sequence[int]
-        user_vector: Sequence[float] | None = None
-
 
 @runtime_checkable
 class Ranker(Protocol):
-    """Scores candidates for users: ``rank`` returns one 1-D tensor of scores per request
-    (higher is better) and raises ``ValueError`` naming the field for bad input."""
+    """Scores candidates for users, items as the catalog's rows: ``rank_rows`` returns one
+    1-D tensor of scores per request, in candidate order (higher is better), and raises
+    ``ValueError`` naming the field for bad input (the DuoLM rankers' row-level path; the
+    server translates ids once, at the edge)."""
 
     @property
     def catalog_version(self) -> int: ...
 
-    def rank(self, requests: Sequence[RankRequest]) -> list[torch.Tensor]: ...
+    def rank_rows(self, requests: Sequence[RowRankRequest]) -> list[torch.Tensor]: ...
 
 
 def load_ranker(path: str | Path, store: str | Path | None, device: str = "cpu",

@@ -20,13 +20,13 @@ from typing import Any
 import torch
 
 from genrec.catalog.assign import IdAssigner
+from genrec.duolm.requests import RowRankRequest
 from genrec.engine import RowRequest
 from genrec.live_catalog.served import ServiceCatalog
 from genrec.live_catalog.state import CatalogState
 from genrec.serving import schemas as S
 from genrec.serving.admission import Admission
 from genrec.serving.api_errors import ApiError, CatalogBehindError
-from genrec.serving.backends import RankRequest
 from genrec.serving.catalog_updates import CatalogUpdates
 from genrec.serving.completions import item_text, parse_prompt
 from genrec.serving.messages import RankBatch, RecommendBatch, ScoreBatch
@@ -172,7 +172,7 @@ class Service:
         if not items:
             return {"items": [], "scores": [], "catalog_version": self.catalog_version(),
                     "ignored": ignored}
-        request = RankRequest(history=retrieved.history, candidates=items,
+        request = RowRankRequest(history=retrieved.history, candidates=items,
                               user_vector=body.user_vector)
         ranked = await self.scheduler.submit(RankBatch(), request, deadline_ms)
         values = torch.as_tensor(ranked.value, dtype=torch.float32).reshape(-1)
@@ -192,7 +192,7 @@ class Service:
         ignored: list[str] = []
         history = self._history(body, ignored)
         candidates = self.worker.ids.rows(body.candidates, "candidates")
-        request = RankRequest(history=history, candidates=candidates,
+        request = RowRankRequest(history=history, candidates=candidates,
                               user_vector=body.user_vector)
         ranked = await self.scheduler.submit(RankBatch(), request, deadline_ms)
         version = self.fresh(ranked.catalog_version, body.min_catalog_version)

@@ -8,7 +8,7 @@ messages share one engine call) and what crosses the engine process's pipe with 
 - :class:`RecommendBatch`: ``RowRequest`` -> ``Versioned[RowRecommendation]``;
 - :class:`ScoreBatch`: ``list[ScoreRequest]`` (one HTTP request each) ->
   ``Versioned[list[Tensor]]`` (one ``[N, K]`` tensor per ``ScoreRequest``);
-- :class:`RankBatch`: ``RankRequest`` -> ``Versioned[Tensor]`` (1-D scores);
+- :class:`RankBatch`: ``RowRankRequest`` -> ``Versioned[Tensor]`` (1-D scores);
 - :class:`CatalogUpdate`: :class:`CatalogOp` (or a
   :class:`~genrec.live_catalog.update_plan.PreparedUpdate`, which stays in its process) ->
   :class:`~genrec.live_catalog.update_plan.CatalogChange`. Its ``seq`` makes every update a group of

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from genrec.catalog.id_map import IdMap
+from genrec.duolm.requests import RowRankRequest
 from genrec.engine import (
     BeamParams,
     Engine,
@@ -35,7 +36,7 @@ from genrec.live_catalog.follow import POLL_S, LogPoller
 from genrec.live_catalog.ids import model_ids
 from genrec.live_catalog.served import ServiceCatalog
 from genrec.live_catalog.update_plan import CatalogChange, PreparedUpdate
-from genrec.serving.backends import CatalogUpdater, Ranker, RankRequest
+from genrec.serving.backends import CatalogUpdater, Ranker
 from genrec.serving.messages import (
     CatalogOp,
     CatalogUpdate,
@@ -265,13 +266,13 @@ class Worker:
             start += len(group)
         return out
 
-    def rank(self, message: RankBatch, requests: list[RankRequest]
+    def rank(self, message: RankBatch, requests: list[RowRankRequest]
              ) -> list[Versioned[torch.Tensor]]:
         """The ranker's scores of every request's candidates, in one call."""
         if self.ranker is None:
             raise RuntimeError("no ranker loaded")
         version = self.catalog_version
-        return [Versioned(scores, version) for scores in self.ranker.rank(requests)]
+        return [Versioned(scores, version) for scores in self.ranker.rank_rows(requests)]
 
     def update_catalog(self, message: CatalogUpdate,
                        updates: list[CatalogOp | PreparedUpdate]) -> list[CatalogChange]:

@@ -23,7 +23,8 @@ from genrec.catalog.item_table import ItemTable
 from genrec.data.split import Example
 from genrec.duolm.encoder import ItemEncoder, ItemFeatures
 from genrec.duolm.prompts import SOFT_ID, YES_ID, StudentPrompts, TeacherPrompts
-from genrec.duolm.ranker import ENCODER_DIR, META_FILE, RankRequest, TeacherRanker, rank_requests
+from genrec.duolm.ranker import ENCODER_DIR, META_FILE, TeacherRanker, rank_requests
+from genrec.duolm.requests import RowRankRequest
 from genrec.engine.batch import RequestLimits, item_rows, pack_requests
 from genrec.engine.chunked import forward_chunked
 from genrec.engine.engine import Engine
@@ -189,9 +190,9 @@ class RankingTask:
         target = torch.zeros(s.shape[0], dtype=torch.long, device=s.device)
         loss = F.cross_entropy(s, target)
         if self.teacher is not None and self.distill_weight > 0:
-            reqs = [RankRequest(ex.history, cs) for ex, cs in zip(batch.examples,
+            reqs = [RowRankRequest(ex.history, cs) for ex, cs in zip(batch.examples,
                                                                   batch.candidates, strict=True)]
-            t = torch.stack(self.teacher.rank(reqs)).to(s.device)
+            t = torch.stack(self.teacher.rank_rows(reqs)).to(s.device)
             tau = self.temperature
             kd = F.kl_div(F.log_softmax(s / tau, -1), F.log_softmax(t / tau, -1),
                           log_target=True, reduction="batchmean") * tau * tau
@@ -205,13 +206,13 @@ class RankingTask:
         rank = self.rank_fn(model)
 
         def score(exs: Sequence[Example], cands: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-            return rank([RankRequest(ex.history, c, self.user_vector(ex))
+            return rank([RowRankRequest(ex.history, c, self.user_vector(ex))
                          for ex, c in zip(exs, cands, strict=True)])
 
         return evaluate_ranking(score, self.val_examples, self.val_candidates,
                                 progress=self.progress)
 
-    def rank_fn(self, model: nn.Module):  # noqa: ANN201 - a callable over RankRequests
+    def rank_fn(self, model: nn.Module):  # noqa: ANN201 - a callable over RowRankRequests
         """Ranking through the engine with the current weights (puts ``model`` in eval)."""
         if not self.student:
             p = self.prompts
