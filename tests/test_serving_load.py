@@ -79,7 +79,7 @@ def slowed(method: Callable[..., Any]) -> Callable[..., Any]:
 def serve(max_queue: int, slow: bool = False) -> Iterator[Served]:
     engine, ranker = tiny_engine(), duo_ranker()
     if slow:
-        engine.recommend = slowed(engine.recommend)  # type: ignore[method-assign]
+        engine.run_recommend = slowed(engine.run_recommend)  # type: ignore[method-assign]
         ranker.rank_rows = slowed(ranker.rank_rows)  # type: ignore[method-assign]
     app = create_app(engine, ranker=ranker, catalog_updater=RankerCatalogUpdater(ranker),
                      config=ServeConfig(max_batch_size=8, max_wait_ms=2, max_queue=max_queue))
