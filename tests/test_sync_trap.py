@@ -24,6 +24,7 @@ from genrec.model import (
     grid_attention,
     layers,
     lm_head,
+    packed_layout,
 )
 from genrec.utils.sync_trap import HostSyncError, allow_host_sync, host_side, no_host_sync
 
@@ -313,13 +314,13 @@ def test_scoring_forward_on_cuda(model: DecoderLM, mode: str) -> None:
 
 def test_a_read_planted_in_the_forward_is_found(model: DecoderLM, gpu_path: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    merge = attention.merge_attention
+    merge = packed_layout.merge_attention  # where the forward calls it
 
     def checked_merge(o_a: torch.Tensor, lse_a: torch.Tensor, o_b: torch.Tensor,
                       lse_b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         assert bool(lse_b.isfinite().all())  # a device read: a sync on a GPU
         return merge(o_a, lse_a, o_b, lse_b, out)
 
-    monkeypatch.setattr(attention, "merge_attention", checked_merge)
+    monkeypatch.setattr(packed_layout, "merge_attention", checked_merge)
     with pytest.raises(HostSyncError, match=SCALAR):
         _score_trapped(model, REQUESTS["several"], PARAMS["labels"], 3)

@@ -21,8 +21,10 @@ TINY = ["--hidden", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1", "-
 GENRES = ["jazz", "rock", "folk", "techno"]
 
 
-def write_tables(folder: Path, movielens: bool) -> tuple[Path, Path, dict[str, list[str]]]:
-    """events + items tables; string ids (``u-007``, ``B0…``) or MovieLens' integer ones."""
+def write_tables(folder: Path, movielens: bool
+                 ) -> tuple[Path, Path, dict[str, list[str]], list[str]]:
+    """events + items tables (and the users' histories, every item id); string ids
+    (``u-007``, ``B0…``) or MovieLens' integer ones."""
     rng = random.Random(0)
     items = [str(10 * k + 1) if movielens else f"B{k:04d}XQ" for k in range(40)]
     users = [str(u + 1) if movielens else f"u-{u:03d}" for u in range(25)]
@@ -40,14 +42,14 @@ def write_tables(folder: Path, movielens: bool) -> tuple[Path, Path, dict[str, l
                        else f"{i},{GENRES[k // 10]} record number {k}"
                        for k, i in enumerate(items)]
     table.write_text("\n".join(lines) + "\n")
-    return events, table, history
+    return events, table, history, items
 
 
 @pytest.mark.parametrize("movielens", [False, True], ids=["string-ids", "movielens-ids"])
 def test_index_train_serve_and_batch_speak_the_tables_ids(tmp_path: Path,
                                                           movielens: bool) -> None:
-    events, items, history = write_tables(tmp_path / "data", movielens)
-    known = {i for seq in history.values() for i in seq}
+    events, items, history, catalog = write_tables(tmp_path / "data", movielens)
+    known = set(catalog)  # every item of the items table is in the index
     index, model = tmp_path / "index.json", tmp_path / "model"
     invoke("index", "--interactions", events, "--items", items, "--from-text", "--levels", "2",
            "--codebook-size", "4", "--out", index)
