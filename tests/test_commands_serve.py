@@ -10,11 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("httpx")
-
 import httpx
+import pytest
 from serving_support import N_ITEMS, RECOMMEND, is_ready, post, wait_until
 
 from genrec import Engine

@@ -9,9 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
-pytest.importorskip("httpx")
-
 from fastapi.testclient import TestClient
 from serving_support import RECOMMEND, offline
 

@@ -6,9 +6,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-
-pytest.importorskip("httpx")
-
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 

@@ -9,12 +9,9 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
-
-pytest.importorskip("httpx")
-
-import httpx
 from serving_support import N_ITEMS, RECOMMEND, SIZES, offline, post, wait_until
 
 from genrec import Engine

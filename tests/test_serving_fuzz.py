@@ -28,7 +28,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("httpx")
 pytest.importorskip("hypothesis")
 
 import httpx

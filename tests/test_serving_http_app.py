@@ -5,12 +5,8 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
-import torch
-
-pytest.importorskip("httpx")
-
 import httpx
+import torch
 from serving_support import (
     RECOMMEND,
     CharTokenizer,

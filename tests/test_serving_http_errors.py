@@ -11,12 +11,9 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 import torch
-
-pytest.importorskip("httpx")
-
-import httpx
 from serving_support import (
     RECOMMEND,
     EngineRanker,

@@ -13,12 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
-
-pytest.importorskip("httpx")
-
-import httpx
 from serving_support import N_ITEMS, RECOMMEND, offline, tiny_engine
 
 from genrec import BeamParams, Engine, EngineConfig

@@ -25,12 +25,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
-
-pytest.importorskip("httpx")
-
-import httpx
 from serving_load_client import __file__ as CLIENT
 from serving_load_server import __file__ as SERVER
 from serving_load_server import random_catalog

@@ -11,11 +11,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("httpx")
-
 import httpx
+import pytest
 from serving_support import (  # noqa: F401 (fixtures)
     checkpoint,
     engine,

@@ -14,12 +14,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
-
-pytest.importorskip("httpx")
-
-import httpx
 from serving_support import N_ITEMS, RECOMMEND, offline, post, wait_until
 from typer.testing import CliRunner
 

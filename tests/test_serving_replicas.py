@@ -15,11 +15,8 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
-pytest.importorskip("httpx")
-
 import httpx
+import pytest
 from serving_support import N_ITEMS, RECOMMEND, is_ready, post, rows, wait_until
 
 from genrec import Engine

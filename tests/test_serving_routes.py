@@ -11,11 +11,8 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
-pytest.importorskip("httpx")
-
 import httpx
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from serving_support import RECOMMEND, Updater, error_message, post
