@@ -98,7 +98,7 @@ def print_next_steps(echo: Echo, out: Path) -> None:
     echo("  genrec index --data DATA --from-text --out runs/my/index.json")
     echo("  genrec train generative --data DATA --index runs/my/index.json --out runs/my/model")
     echo("      (add --init-from HF_CHECKPOINT to fine-tune a pretrained decoder)")
-    echo("  genrec serve --model runs/my/model/best --port 8000")
+    echo("  genrec serve runs/my/model --port 8000   # a run folder serves its best checkpoint")
     echo("  curl -s http://127.0.0.1:8000/v1/recommend -H 'Content-Type: application/json' "
          f"-d '{body}'")
     echo(f"this demo's model serves the same way: genrec serve --model {out}")
