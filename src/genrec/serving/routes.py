@@ -21,6 +21,11 @@ ROUTES = ("/v1/recommend", "/v1/rank", "/v1/score", "/v1/completions", "/v1/mode
           "/v1/catalog/items", "/health", "/ready", "/metrics")
 
 
+def _shown(header: str, limit: int = 40) -> str:
+    """A header value as an error message quotes it: at most ``limit`` characters."""
+    return repr(header) if len(header) <= limit else f"{header[:limit]!r}... ({len(header)} chars)"
+
+
 def _deadline(request: Request, body_ms: int | None) -> float | None:
     header = request.headers.get("x-deadline-ms")
     values = [] if body_ms is None else [float(body_ms)]
@@ -28,9 +33,10 @@ def _deadline(request: Request, body_ms: int | None) -> float | None:
         try:
             value = float(header)
         except ValueError:
-            raise ValueError(f"X-Deadline-Ms: expected milliseconds, got {header!r}") from None
+            raise ValueError("X-Deadline-Ms: expected milliseconds, got "
+                             f"{_shown(header)}") from None
         if not 0 < value < float("inf"):
-            raise ValueError(f"X-Deadline-Ms: must be a positive number, got {header!r}")
+            raise ValueError(f"X-Deadline-Ms: must be a positive number, got {_shown(header)}")
         values.append(value)
     return min(values) if values else None
 
@@ -46,7 +52,8 @@ def _min_version(request: Request, body: Any) -> Any:
     # before int() (which refuses over 4300 digits with a message not naming the header)
     if (not (digits.isascii() and digits.isdigit()) or len(digits.lstrip("0")) > 19
             or int(digits) >= S.INT64_END):
-        raise ValueError(f"X-Min-Catalog-Version: expected a catalog version, got {header!r}")
+        raise ValueError("X-Min-Catalog-Version: expected a catalog version, got "
+                         f"{_shown(header)}")
     wanted = max(int(digits), body.min_catalog_version or 0)
     return body.model_copy(update={"min_catalog_version": wanted})
 
