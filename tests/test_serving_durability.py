@@ -178,6 +178,18 @@ def wait_ready(url: str, timeout: float = 60) -> None:
         time.sleep(0.02)
 
 
+def kill_later(servers: Servers, pid: int, expected: Expected, before: int,
+               delay: float) -> None:
+    """SIGKILL ``pid`` ``delay`` seconds after two updates of this cycle are acknowledged
+    (after 60 s at the latest), so that every cycle kills a server mid-stream however slow
+    the machine is."""
+    end = time.monotonic() + 60
+    while expected.version - before < 2 and time.monotonic() < end:
+        time.sleep(0.005)
+    time.sleep(delay)
+    servers.kill(pid)
+
+
 def test_every_acknowledged_update_survives_sigkill(tmp_path: Path) -> None:
     rng, state = random.Random(0), tmp_path / "state"
     port = free_port()
@@ -195,9 +207,10 @@ def test_every_acknowledged_update_survives_sigkill(tmp_path: Path) -> None:
                 wait_ready(url)
                 if cycle:
                     check_served(url, replayed(state, expected, None), expected)
-                killer = threading.Timer(rng.uniform(0.05, 0.5), servers.kill, (pid,))
-                killer.start()
                 before = expected.version
+                killer = threading.Thread(target=kill_later, args=(
+                    servers, pid, expected, before, rng.uniform(0.0, 0.45)))
+                killer.start()
                 pending = stream(url, expected, rng)
                 killer.join()
                 streamed += expected.version - before
