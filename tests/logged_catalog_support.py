@@ -34,8 +34,9 @@ def ranker_pair(seed: int = 0) -> tuple[DuoRanker, RankerCatalogUpdater]:
 
 
 def stream(catalog: ServiceCatalog, rounds: int, seed: int) -> int:
-    """Random upserts (new items to both catalogs, moved Semantic IDs, ranker vectors) and
-    retires, with refused ones between (a taken Semantic ID, vectors of the wrong shape):
+    """Random upserts (new items to both catalogs or to the generative one only, moved
+    Semantic IDs, ranker vectors, also of items the ranker did not have) and retires, with
+    refused ones between (a taken Semantic ID, vectors of the wrong shape):
     how many were refused. Each refused update leaves no record and changes nothing."""
     g = torch.Generator().manual_seed(seed)
     pick = lambda n: int(torch.randint(0, n, (1,), generator=g))  # noqa: E731
@@ -43,7 +44,7 @@ def stream(catalog: ServiceCatalog, rounds: int, seed: int) -> int:
     refused = 0
     for _ in range(rounds):
         state = catalog.engine.catalog
-        n, kind = state.num_items, pick(5)
+        n, kind = state.num_items, pick(6)
         sids = free_sids(catalog.engine, 2 + pick(20))[-2:]
         if len(sids) < 2:  # every Semantic ID taken
             kind = 1
@@ -52,6 +53,8 @@ def stream(catalog: ServiceCatalog, rounds: int, seed: int) -> int:
                      {"item_id": pick(n), "semantic_id": sids[1]}]
         elif kind == 1:
             batch = [{"item_id": pick(n), "vectors": vectors()}]
+        elif kind == 5:  # the ranker's table falls behind the id map: it grows on its next call
+            batch = [{"item_id": n, "semantic_id": sids[0]}]
         elif kind == 2:
             catalog.retire(sorted({pick(n), pick(n)}))
             continue

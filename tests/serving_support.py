@@ -82,14 +82,14 @@ class Updater:
     def __init__(self) -> None:
         self.version, self.calls = 10, []
 
-    def upsert(self, items: list[dict]) -> int:
+    def upsert(self, items: list[dict], ids: object = None) -> int:
         if any(it["item_id"] > 1000 for it in items):
             raise ValueError("items: item ids above 1000 are refused")
         self.calls.append(("upsert", items))
         self.version += 1
         return self.version
 
-    def retire(self, item_ids: list[int]) -> int:
+    def retire(self, item_ids: list[int], ids: object = None) -> int:
         self.calls.append(("retire", item_ids))
         self.version += 1
         return self.version

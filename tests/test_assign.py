@@ -130,6 +130,9 @@ def test_upserts_get_ids_from_embeddings(index: SemanticIndex, emb: torch.Tensor
     with pytest.raises(ValueError, match=r"items\[0\]\.embedding: expected 8 values, got 3"):
         assign_upserts([{"item_id": "x", "embedding": [1.0, 2.0, 3.0]}], assigner,
                        index.codes_to_items, [-1], ranker=False)
+    with pytest.raises(ValueError, match=r"items\[1\]\.embedding: .* not both"):
+        assign_upserts([items[0], {**items[1], "embedding": emb[1].tolist()}], assigner,
+                       index.codes_to_items, [-1, -1], ranker=True)
     with pytest.raises(ValueError, match=r"items\[0\]\.semantic_id: required"):
         assign_upserts(items[:1], None, index.codes_to_items, [-1], ranker=False)
     with pytest.raises(ValueError, match=r"items\[0\]\.text: this index was built from "

@@ -7,6 +7,7 @@ import threading
 import pytest
 import torch
 
+from genrec.catalog.id_map import IdMap
 from genrec.catalog.item_table import ItemTable
 from genrec.duolm.prompts import SOFT_ID, STUDENT_VOCAB_SIZE, YES_ID, StudentPrompts
 from genrec.duolm.ranker import DuoRanker
@@ -95,14 +96,34 @@ def test_update_replaces_adds_and_retires_all_or_nothing() -> None:
     # a bad update changes nothing
     with pytest.raises(InputError, match=r"items\[3\]"):
         ranker.update({2: torch.randn(K, HIDDEN), 3: torch.full((K, HIDDEN), float("nan"))})
-    with pytest.raises(InputError, match="new item ids"):
-        ranker.update({N_ITEMS + 5: torch.randn(K, HIDDEN)})
+    with pytest.raises(InputError, match="new item rows"):
+        ranker.update_rows({N_ITEMS + 5: torch.randn(K, HIDDEN)})
     assert ranker.catalog_version == 1
     again = ranker.rank_rows([RowRankRequest([1, 2], [3, 4, N_ITEMS])])[0]
     torch.testing.assert_close(again, after)
     # an item can come back
     ranker.update({5: torch.randn(K, HIDDEN)})
     assert ranker.rank_rows([RowRankRequest([1], [5])])[0].shape == (1,)
+
+
+def test_served_catalog_rows_the_ranker_lacks_are_added_retired() -> None:
+    # the served id map names two more rows (items of the generative catalog only) than the
+    # table has; the ranker takes a new item past them and can retire one of them
+    ranker = make_ranker()
+    ids = IdMap.rows_named(N_ITEMS).extended(["gen-a", "gen-b", "both"])
+    ranker.update_rows({N_ITEMS + 2: torch.randn(K, HIDDEN)}, ids=ids)
+    assert ranker.table.num_items == N_ITEMS + 3
+    assert ranker.item_ids[N_ITEMS:] == ["gen-a", "gen-b", "both"]
+    assert ranker.rank_rows([RowRankRequest([1], [N_ITEMS + 2])])[0].shape == (1,)
+    with pytest.raises(InputError, match="retired"):
+        ranker.rank_rows([RowRankRequest([1], [N_ITEMS])])
+    ranker.update_rows(retire=[N_ITEMS + 1], ids=ids)
+    ranker.update_rows({N_ITEMS: torch.randn(K, HIDDEN)}, ids=ids)  # later given: ranked
+    assert ranker.rank_rows([RowRankRequest([1], [N_ITEMS])])[0].shape == (1,)
+    assert sorted(ranker.rank([RankRequest(["1"], ["both", "gen-a"])])[0].items) == [
+        "both", "gen-a"]
+    with pytest.raises(InputError, match="retired"):
+        ranker.rank([RankRequest(["1"], ["gen-b"])])
 
 
 def test_requests_during_updates_see_one_table_version() -> None:

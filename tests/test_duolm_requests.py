@@ -108,8 +108,13 @@ def test_unknown_history_with_a_user_vector_still_ranks() -> None:
 
 def test_updates_are_seen_by_id_retired_rejected_new_ids_ranked() -> None:
     ranker = make_ranker()
-    ranker.update({N_ITEMS: torch.randn(K, HIDDEN)}, retire=[5],
-                  item_ids={N_ITEMS: "song-new"})
+    ranker.update({"song-new": torch.randn(K, HIDDEN)}, retire=[IDS[5]])
+    assert ranker.item_ids[N_ITEMS] == "song-new"
+    with pytest.raises(InputError, match="retire: unknown item ids.*nope"):
+        ranker.update(retire=["nope"])
+    with pytest.raises(InputError, match="twice"):  # 7 and "7" are one id
+        ranker.update({"7": torch.randn(K, HIDDEN), 7: torch.randn(K, HIDDEN)})
+    assert ranker.catalog_version == 1
     with pytest.raises(InputError, match="retired"):
         ranker.rank([RankRequest([IDS[1]], [IDS[5]])])
     got = ranker.rank([RankRequest([IDS[1]], ["song-new", IDS[4]])])[0]

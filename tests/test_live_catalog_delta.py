@@ -88,11 +88,11 @@ class FailingUpdater:
     def __init__(self) -> None:
         self.calls: list[object] = []
 
-    def upsert(self, items: list[dict]) -> int:
+    def upsert(self, items: list[dict], ids: object = None) -> int:
         self.calls.append(items)
         raise ValueError("items[0]: the ranker refuses")
 
-    def retire(self, item_ids: list[int]) -> int:
+    def retire(self, item_ids: list[int], ids: object = None) -> int:
         self.calls.append(item_ids)
         raise ValueError("item_ids[0]: the ranker refuses")
 

@@ -8,18 +8,21 @@ import pytest
 from logged_catalog_support import free_sids
 from serving_support import N_ITEMS, tiny_engine
 
+from genrec.catalog.id_map import IdMap
 from genrec.live_catalog.update_plan import next_generative, ranker_items, run_ranker
+
+IDS = IdMap.rows_named(N_ITEMS)
 
 
 class Calls:
     def __init__(self) -> None:
         self.calls: list[tuple[str, list]] = []
 
-    def upsert(self, items: list[dict]) -> int:
+    def upsert(self, items: list[dict], ids: object = None) -> int:
         self.calls.append(("upsert", items))
         return 5
 
-    def retire(self, item_ids: list) -> int:
+    def retire(self, item_ids: list, ids: object = None) -> int:
         self.calls.append(("retire", item_ids))
         return 6
 
@@ -49,8 +52,8 @@ def test_a_retire_takes_the_known_rows_when_a_ranker_takes_every_one() -> None:
 
 def test_the_ranker_is_called_only_with_its_part() -> None:
     updater = Calls()
-    assert run_ranker(updater, "upsert", [], []) is None
-    assert run_ranker(updater, "upsert", [], [{"item_id": 1}]) == 5
-    assert run_ranker(updater, "retire", [1, 2], None) == 6
-    assert run_ranker(None, "retire", [1], None) is None
+    assert run_ranker(updater, "upsert", [], [], IDS) is None
+    assert run_ranker(updater, "upsert", [], [{"item_id": 1}], IDS) == 5
+    assert run_ranker(updater, "retire", [1, 2], None, IDS) == 6
+    assert run_ranker(None, "retire", [1], None, IDS) is None
     assert updater.calls == [("upsert", [{"item_id": 1}]), ("retire", [1, 2])]

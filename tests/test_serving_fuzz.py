@@ -137,23 +137,28 @@ def replay(state: CatalogState, active: list[bool], accepted: list[tuple[str, di
            ) -> tuple[CatalogState, list[bool], IdMap]:
     """The accepted updates applied in order as the server applies them: to the generative
     catalog an upsert's Semantic IDs and a retire's ids that it has; to the ranker's table
-    (which items are active) the upsert items it takes and every retired id; the id map the
-    updates grew (an unseen id of an upsert is the next row)."""
+    (which items are active) the upsert items it takes and every retired id, the table grown
+    by each call to the id map's rows (those it was given no item for retired); the id map
+    the updates grew (an unseen id of an upsert is the next row)."""
     active, ids = list(active), IdMap.rows_named(len(active))
     for method, body, version in accepted:
         op = "upsert" if method == "PUT" else "retire"
         update = to_rows(ids, op, body["items"] if op == "upsert" else body["item_ids"], True)
         ids = update.ids
-        if method == "PUT":
-            items = update.data
+        if method == "PUT":  # a null semantic_id or embedding is no field
+            items = [{k: v for k, v in it.items()
+                      if k not in ("semantic_id", "embedding") or v is not None}
+                     for it in update.data]
             sids = [(it["item_id"], it.get("semantic_id")) for it in items]
             new = state.updated(sids) if any(s is not None for _, s in sids) else None
-            for i in sorted(it["item_id"] for it in items if ServiceCatalog.for_ranker(it)):
-                active += [True] * (i == len(active))
+            taken = [it["item_id"] for it in items if ServiceCatalog.for_ranker(it)]
+            active += [False] * (len(ids) - len(active)) * bool(taken)
+            for i in taken:
                 active[i] = True
         else:
             mine = [i for i in update.data if 0 <= i < state.num_items]
             new = state.updated(retire=mine) if mine else None
+            active += [False] * (len(ids) - len(active))
             for i in update.data:
                 active[i] = False
         state = state if new is None else new.with_version(version)

@@ -186,20 +186,21 @@ def test_loaders_explain_what_is_missing(tmp_path) -> None:  # noqa: ANN001
         def __init__(self) -> None:
             self.calls = []
 
-        def update(self, vectors=None, retire=()):  # noqa: ANN001, ANN202
+        def update_rows(self, vectors=None, retire=(), ids=None):  # noqa: ANN001, ANN202
             self.calls.append((vectors, list(retire)))
             return len(self.calls)
 
-        def upsert_texts(self, texts):  # noqa: ANN001, ANN202
-            self.calls.append(texts)
-            return len(self.calls)
+        def encode_texts(self, texts):  # noqa: ANN001, ANN202
+            self.texts = list(texts)
+            return [f"encoded {t}" for t in texts]
 
     live = Live()
     updater = RankerCatalogUpdater(live)
     assert updater.upsert([{"item_id": 3, "text": "a lamp"}]) == 1
     assert updater.upsert([{"item_id": 4, "vectors": [[0.0, 1.0]]}]) == 2
     assert updater.retire([3]) == 3
-    assert live.calls[0] == {3: "a lamp"} and live.calls[2] == (None, [3])
+    assert live.texts == ["a lamp"] and live.calls[0] == ({3: "encoded a lamp"}, [])
+    assert live.calls[2] == (None, [3])
     with pytest.raises(ValueError, match=r"items\[0\]"):
         updater.upsert([{"item_id": 5}])
 

@@ -169,11 +169,15 @@ def assign_upserts(items: list[dict[str, Any]], assigner: IdAssigner | None, loo
     index's encoder embeds; ``embedding`` is consumed, ``text`` kept for the ``ranker`` (else
     consumed). ``owners``: each item's row (-1: new). Returns the items and the assigned IDs
     by item id. Raises ``ValueError`` naming the field: no codebooks (send ``semantic_id``),
-    an embedding of the wrong size, a text the index cannot embed."""
+    an embedding of the wrong size or beside a ``semantic_id``, a text the index cannot
+    embed."""
     out = [dict(item) for item in items]
     wanted: list[tuple[int, torch.Tensor | str]] = []
     for k, item in enumerate(out):
         emb, text = item.pop("embedding", None), item.get("text")
+        if item.get("semantic_id") is not None and emb is not None:
+            raise ValueError(f"items[{k}].embedding: give 'embedding' (to be assigned a "
+                             f"Semantic ID) or 'semantic_id', not both")
         if item.get("semantic_id") is not None or (emb is None and text is None):
             continue
         if emb is None and ranker and (assigner is None or not assigner.takes_text):

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import torch
 
-from genrec.catalog.id_map import check_rows
+from genrec.catalog.id_map import IdMap, check_rows, item_keys
 from genrec.catalog.item_table import ItemTable
 from genrec.duolm.encoder import ItemEncoder, compute_features
 from genrec.duolm.prompts import SOFT_ID, YES_ID, StudentPrompts, TeacherPrompts
@@ -166,59 +166,89 @@ class DuoRanker:
         return rank_requests(self.engine, self.prompts, requests, YES_ID, table.num_items,
                              table, feedback=True)
 
-    def update(
-        self, vectors: Mapping[int, torch.Tensor] | None = None,
-        retire: Sequence[int] = (), item_ids: Mapping[int, str] | None = None,
-    ) -> int:
-        """Replace or add items' representations ([k, hidden] each; new ids must extend the
-        catalog contiguously) and retire items, all or nothing; returns the new version."""
+    def update(self, vectors: Mapping[str | int, torch.Tensor] | None = None,
+               retire: Sequence[str | int] = ()) -> int:
+        """Add or replace items' representations ([k, hidden] each) keyed by the catalog's
+        ids (an unseen id adds an item; ``1`` and ``"1"`` are the same id) and retire items
+        by id, all or nothing; returns the new table version. Raises ``InputError`` naming
+        the field: a bad, repeated or (retired) unknown id, a bad shape, NaN."""
         vectors = dict(vectors or {})
         with self._lock:
-            old = self.table
-            n, k, h = old.num_items, old.tokens_per_item, old.hidden_size
-            new_ids = sorted(i for i in vectors if i >= n)
-            if new_ids and new_ids != list(range(n, n + len(new_ids))):
-                raise InputError(f"items: new item ids must be {n}, {n + 1}, ... in order")
-            for i, v in vectors.items():
-                if isinstance(i, bool) or not isinstance(i, int) or i < 0:
-                    raise InputError(f"items: bad item id {i!r}")
-                if tuple(v.shape) != (k, h):
-                    raise InputError(f"items[{i}]: expected [{k}, {h}] vectors, "
-                                     f"got {tuple(v.shape)}")
-                if not bool(torch.isfinite(v).all()):
-                    raise InputError(f"items[{i}]: NaN or infinite values")
-            _check_ids(list(retire), n, None, "retire")
-            total = n + len(new_ids)
-            table = torch.empty(total, k, h, dtype=old.vectors.dtype, device=old.vectors.device)
-            table[:n] = old.vectors
-            active = torch.ones(total, dtype=torch.bool)
-            if old.active is not None:
-                active[:n] = old.active
-            if vectors:
-                rows = torch.tensor(list(vectors), dtype=torch.long)
-                table[rows.to(table.device)] = torch.stack(list(vectors.values())).to(table)
-                active[rows] = True
-            if retire:
-                active[torch.tensor(list(retire), dtype=torch.long)] = False
-            ids = self.item_ids + [str(i) for i in new_ids]
-            for i, name in (item_ids or {}).items():
-                if 0 <= i < total:
-                    ids[i] = name
-            new = ItemTable(table, version=old.version + 1, active=active)
-            catalog = TableIds(new, ids)
-            self.engine.set_item_table(new)  # the swap row-level readers see
-            self._catalog = catalog  # the swap id-level readers see
-            return new.version
+            ids = self._catalog.ids
+            try:
+                keys = item_keys(list(vectors), "items")
+                retired = ids.rows(list(retire), "retire")
+            except ValueError as err:
+                raise InputError(str(err)) from None
+            if len(set(keys)) != len(keys):
+                raise InputError("items: an item id is given twice (1 and \"1\" are one id)")
+            unseen = ids.find(keys) < 0
+            grown = ids.extended([k for k, new in zip(keys, unseen.tolist(), strict=True) if new])
+            rows = grown.find(keys).tolist()
+            return self._swap(dict(zip(rows, vectors.values(), strict=True)), retired, grown)
 
-    def upsert_texts(self, texts: Mapping[int, str]) -> int:
-        """Encode item texts with the item encoder, then swap them in (see :meth:`update`)."""
+    def update_rows(self, vectors: Mapping[int, torch.Tensor] | None = None,
+                    retire: Sequence[int] = (), ids: IdMap | None = None) -> int:
+        """The row-level :meth:`update` (a served catalog's updater): ``vectors`` by table
+        row, ``retire`` rows. ``ids``: the served catalog's id map after the update; the
+        table grows to its length, rows it names that the ranker has no vectors for are
+        added retired (items of the generative catalog only). Without ``ids``, new rows
+        must follow the table contiguously."""
+        with self._lock:
+            return self._swap(dict(vectors or {}), list(retire), ids)
+
+    def _swap(self, vectors: dict[int, torch.Tensor], retire: list[int],
+              ids: IdMap | None) -> int:
+        # one all-or-nothing swap of the table and its ids (under the lock)
+        old = self.table
+        n, k, h = old.num_items, old.tokens_per_item, old.hidden_size
+        for i, v in vectors.items():
+            if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+                raise InputError(f"items: bad item row {i!r}")
+            if tuple(v.shape) != (k, h):
+                raise InputError(f"items[{i}]: expected [{k}, {h}] vectors, "
+                                 f"got {tuple(v.shape)}")
+            if not bool(torch.isfinite(v).all()):
+                raise InputError(f"items[{i}]: NaN or infinite values")
+        new_rows = sorted(i for i in vectors if i >= n)
+        if ids is None:
+            if new_rows and new_rows != list(range(n, n + len(new_rows))):
+                raise InputError(f"items: new item rows must be {n}, {n + 1}, ... in order")
+            ids = self._catalog.ids.extended([str(i) for i in new_rows])
+        total = max(n, len(ids), new_rows[-1] + 1 if new_rows else 0)
+        if total != len(ids):
+            raise InputError(f"items: {total} table rows and {len(ids)} item ids")
+        _check_ids(retire, total, None, "retire")
+        table = torch.zeros(total, k, h, dtype=old.vectors.dtype, device=old.vectors.device)
+        table[:n] = old.vectors
+        active = torch.zeros(total, dtype=torch.bool)  # rows past n: retired until given
+        active[:n] = True if old.active is None else old.active
+        if vectors:
+            rows = torch.tensor(list(vectors), dtype=torch.long)
+            table[rows.to(table.device)] = torch.stack(list(vectors.values())).to(table)
+            active[rows] = True
+        if retire:
+            active[torch.tensor(retire, dtype=torch.long)] = False
+        new = ItemTable(table, version=old.version + 1, active=active)
+        catalog = TableIds(new, ids)
+        self.engine.set_item_table(new)  # the swap row-level readers see
+        self._catalog = catalog  # the swap id-level readers see
+        return new.version
+
+    def upsert_texts(self, texts: Mapping[str | int, str]) -> int:
+        """Encode item texts (keyed by the catalog's ids) with the item encoder, then swap
+        them in (see :meth:`update`)."""
+        return self.update(dict(zip(texts, self.encode_texts(list(texts.values())),
+                                    strict=True)))
+
+    def encode_texts(self, texts: Sequence[str]) -> torch.Tensor:
+        """Item representations [len(texts), k, hidden] from the item encoder."""
         if self.encoder is None:
             raise ValueError("this ranker was loaded without its item encoder")
         if not texts:
             raise InputError("items: empty list")
-        features = compute_features(self.encoder.config, list(texts.values()), progress=False)
-        vectors = self.encoder.encode_all(features)
-        return self.update(dict(zip(texts, vectors, strict=True)))
+        return self.encoder.encode_all(compute_features(self.encoder.config, list(texts),
+                                                        progress=False))
 
     def save_store(self, path: str | Path) -> int:
         """Write the current table as a new store version; returns its number."""

@@ -61,17 +61,25 @@ class RowRankRequest:
 
 class TableIds:
     """An item table (``None``: a ranker without one, the teacher) and the ids of its rows,
-    read together in one attribute access; the :class:`IdMap` is built on first use (O(N),
-    once per table)."""
+    read together in one attribute access: given as a list (the :class:`IdMap` is built on
+    first use, O(N) once per table) or as a map (the list is written on first use)."""
 
-    def __init__(self, table: ItemTable | None, item_ids: Sequence[str]) -> None:
+    def __init__(self, table: ItemTable | None, item_ids: Sequence[str] | IdMap) -> None:
         self.table = table
-        self.item_ids = list(item_ids)
+        if isinstance(item_ids, IdMap):
+            self.__dict__["ids"] = item_ids
+        else:
+            self.__dict__["item_ids"] = list(item_ids)
 
     @functools.cached_property
     def ids(self) -> IdMap:
         """The map of :attr:`item_ids` (a repeated id raises ``ValueError``)."""
         return IdMap.build(self.item_ids)
+
+    @functools.cached_property
+    def item_ids(self) -> list[str]:
+        """The id of each row, in row order."""
+        return self.ids.ids_of(range(len(self.ids)))
 
 
 def to_row_requests(requests: Sequence[RankRequest], ids: IdMap

@@ -28,6 +28,7 @@ from genrec.live_catalog.log_format import CatalogLogError, scan_log
 from genrec.utils.atomic import atomic_write
 
 if TYPE_CHECKING:
+    from genrec.catalog.id_map import IdMap
     from genrec.live_catalog.host import CatalogHost, CatalogUpdater
 
 BASE_FORMAT = 1
@@ -198,20 +199,22 @@ def net_generative(updates: Iterable[tuple[str, list]]) -> tuple[dict[int, list[
 
 
 def replay_ranker(net: Mapping[int, RankerItem], ranker_updater: CatalogUpdater | None,
-                  where: str) -> None:
-    """Bring the ranker's table to ``net`` through its updater (:func:`ranker_calls`); with
-    no updater, only retired-only items may be there (``CatalogLogError`` names ``where``)."""
+                  where: str, ids: IdMap | None = None) -> None:
+    """Bring the ranker's table to ``net`` through its updater (:func:`ranker_calls`; rows of
+    ``ids``, the catalog's id map after it); with no updater, only retired-only items may be
+    there (``CatalogLogError`` names ``where``)."""
     for op, data in ranker_calls(net):
         if ranker_updater is not None:
-            getattr(ranker_updater, op)(data)
+            getattr(ranker_updater, op)(data, ids=ids)
         elif op == "upsert":
             raise CatalogLogError(f"{where}: ranker items, and no ranker updater to take them")
 
 
-def install_base(base: CatalogBase, engine: CatalogHost, ranker_updater: CatalogUpdater | None
-                 ) -> None:
+def install_base(base: CatalogBase, engine: CatalogHost, ranker_updater: CatalogUpdater | None,
+                 ids: IdMap | None = None) -> None:
     """Bring freshly loaded catalogs to ``base``: the engine's generative catalog replaced by
-    the base's (same codebooks), the ranker's net changes replayed through its updater.
+    the base's (same codebooks), the ranker's net changes replayed through its updater (rows
+    of ``ids``, the base's id map).
     Raises :class:`CatalogLogError` when the base does not fit these catalogs."""
     state, gen = engine.catalog, base.generative
     where = f"base-{base.version}.pt"
@@ -223,19 +226,20 @@ def install_base(base: CatalogBase, engine: CatalogHost, ranker_updater: Catalog
             raise CatalogLogError(f"{where}: codebook sizes {list(gen.codebook_sizes)}, the "
                                   f"engine's {state.codebook_sizes}")
         engine.set_catalog(state.restored(gen.codes, gen.retired, base.version))
-    replay_ranker(base.ranker, ranker_updater, where)
+    replay_ranker(base.ranker, ranker_updater, where, ids)
 
 
 def install_updates(updates: list[tuple[str, list]], version: int, engine: CatalogHost,
-                    ranker_updater: CatalogUpdater | None, where: str) -> None:
+                    ranker_updater: CatalogUpdater | None, where: str,
+                    ids: IdMap | None = None) -> None:
     """Bring the catalogs forward by logged ``(op, data)`` updates as one net change each
     (:func:`net_generative`, :func:`fold_ranker`): a few calls however many updates there
-    are; the generative catalog then has ``version``. Raises ``ValueError`` (or
-    :class:`CatalogLogError`) when these catalogs cannot take them."""
+    are; the generative catalog then has ``version`` (and ``ids``, its id map). Raises
+    ``ValueError`` (or :class:`CatalogLogError`) when these catalogs cannot take them."""
     state = engine.catalog
     if state is not None:
         sids, retired = net_generative(updates)
         n = state.num_items + sum(i >= state.num_items for i in sids)
         retire = sorted(i for i in retired if i < n)
         engine.set_catalog(state.updated(sorted(sids.items()), retire, version))
-    replay_ranker(fold_ranker({}, updates), ranker_updater, where)
+    replay_ranker(fold_ranker({}, updates), ranker_updater, where, ids)

@@ -8,6 +8,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from genrec.catalog.id_map import IdMap
     from genrec.live_catalog.state import CatalogState
 
 
@@ -28,8 +29,10 @@ class CatalogHost(Protocol):
 @runtime_checkable
 class CatalogUpdater(Protocol):
     """Changes the served catalog; both methods return the new catalog version and raise
-    ``ValueError`` naming the field for bad input."""
+    ``ValueError`` naming the field for bad input. Items are rows of ``ids``, the served
+    catalog's id map after the change (``None``: the rows the updater has, extended
+    contiguously); it may name rows the updater has no item for (the generative catalog's)."""
 
-    def upsert(self, items: list[dict[str, Any]]) -> int: ...
+    def upsert(self, items: list[dict[str, Any]], ids: IdMap | None = None) -> int: ...
 
-    def retire(self, item_ids: list[int]) -> int: ...
+    def retire(self, item_ids: list[int], ids: IdMap | None = None) -> int: ...

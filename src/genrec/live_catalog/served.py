@@ -118,7 +118,7 @@ class ServiceCatalog:
         for r in records:
             ids = logged_rows(ids, r.data, r.ids).ids
         install_updates([(r.op, r.data) for r in records], records[-1].version,
-                        self.engine, self.ranker_updater, where)
+                        self.engine, self.ranker_updater, where, ids)
         self._version, self.ids = records[-1].version, ids
         self.compactor.maybe_start()
 
@@ -208,7 +208,7 @@ class ServiceCatalog:
             if self.log is not None:  # on disk before anything is installed
                 self.log.append(LogRecord(version, op, rows.data, rows.added))
             try:
-                reported = run_ranker(self.ranker_updater, op, rows.data, items)
+                reported = run_ranker(self.ranker_updater, op, rows.data, items, rows.ids)
             except BaseException:
                 if self.log is not None:  # refused: no record of it stays
                     self.log.discard_last()
@@ -235,7 +235,7 @@ class ServiceCatalog:
         """Replace both catalogs and the id map by a logged ``base`` (on start, or a follower
         behind a fold; under the lock)."""
         ids = self.loaded_ids.extended(list(base.ids))
-        install_base(base, self.engine, self.ranker_updater)
+        install_base(base, self.engine, self.ranker_updater, ids)
         state = self.engine.catalog
         if state is not None and state.num_items != len(ids):
             raise CatalogLogError(f"base-{base.version}.pt: {state.num_items} items and "
@@ -262,7 +262,7 @@ class ServiceCatalog:
         version (under the lock); ``ValueError``: the ranker's updater refused it, nothing
         installed."""
         items = ranker_items(record.op, record.data)
-        reported = run_ranker(self.ranker_updater, record.op, record.data, items)
+        reported = run_ranker(self.ranker_updater, record.op, record.data, items, rows.ids)
         self._commit(state, reported, record.version, rows.ids, fold=False)
 
     def _checked(self, op: str, data: list) -> None:

@@ -82,12 +82,13 @@ def ranker_items(op: str, rows: list) -> list[dict[str, Any]] | None:
 
 
 def run_ranker(updater: CatalogUpdater | None, op: str, data: list,
-               items: list[dict[str, Any]] | None) -> Any:
-    """The ranker's part of an update: what its updater reports (``None``: no call)."""
+               items: list[dict[str, Any]] | None, ids: IdMap) -> Any:
+    """The ranker's part of an update (in rows of ``ids``, the id map after it): what its
+    updater reports (``None``: no call)."""
     if op == "upsert" and items:
-        return updater.upsert(items)
+        return updater.upsert(items, ids=ids)
     if op == "retire" and updater is not None:
-        return updater.retire(data)
+        return updater.retire(data, ids=ids)
     return None
 
 

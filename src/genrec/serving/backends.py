@@ -18,6 +18,8 @@ from genrec.live_catalog.host import CatalogUpdater
 if TYPE_CHECKING:
     import torch
 
+    from genrec.catalog.id_map import IdMap
+
 
 @runtime_checkable
 class Ranker(Protocol):
@@ -58,12 +60,12 @@ class RankerCatalogUpdater:
     """
 
     def __init__(self, ranker: Any) -> None:
-        for name in ("update", "upsert_texts"):
+        for name in ("update_rows", "encode_texts"):
             if not callable(getattr(ranker, name, None)):
                 raise RuntimeError(f"--item-store: the ranker has no {name}() to update it with")
         self.ranker = ranker
 
-    def upsert(self, items: list[dict[str, Any]]) -> int:
+    def upsert(self, items: list[dict[str, Any]], ids: IdMap | None = None) -> int:
         import torch
 
         bad = [k for k, it in enumerate(items) if ("text" in it) == ("vectors" in it)]
@@ -83,10 +85,13 @@ class RankerCatalogUpdater:
             raise ValueError("items: 'text' must be a string")
         if texts and vectors:
             raise ValueError("items: give all items as 'text' or all as 'vectors' in one call")
-        return self.ranker.upsert_texts(texts) if texts else self.ranker.update(vectors)
+        if texts:
+            vectors = dict(zip(texts, self.ranker.encode_texts(list(texts.values())),
+                               strict=True))
+        return self.ranker.update_rows(vectors, ids=ids)
 
-    def retire(self, item_ids: list[int]) -> int:
-        return self.ranker.update(retire=item_ids)
+    def retire(self, item_ids: list[int], ids: IdMap | None = None) -> int:
+        return self.ranker.update_rows(retire=item_ids, ids=ids)
 
 
 def load_catalog_updater(store: str | Path, ranker: Ranker | None) -> CatalogUpdater:
