@@ -152,7 +152,8 @@ def replay(state: CatalogState, active: list[bool], accepted: list[tuple[str, di
             sids = [(it["item_id"], it.get("semantic_id")) for it in items]
             new = state.updated(sids) if any(s is not None for _, s in sids) else None
             taken = [it["item_id"] for it in items if ServiceCatalog.for_ranker(it)]
-            active += [False] * (len(ids) - len(active)) * bool(taken)
+            if taken:  # the ranker's call: its table grows to the id map
+                active += [False] * (len(ids) - len(active))
             for i in taken:
                 active[i] = True
         else:

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from genrec.catalog.id_map import IdMap, check_rows, item_keys
@@ -182,18 +183,20 @@ class DuoRanker:
                 raise InputError(str(err)) from None
             if len(set(keys)) != len(keys):
                 raise InputError("items: an item id is given twice (1 and \"1\" are one id)")
-            unseen = ids.find(keys) < 0
-            grown = ids.extended([k for k, new in zip(keys, unseen.tolist(), strict=True) if new])
-            rows = grown.find(keys).tolist()
-            return self._swap(dict(zip(rows, vectors.values(), strict=True)), retired, grown)
+            rows = ids.find(keys)
+            unseen = rows < 0  # added as rows len(ids), ... in the order given
+            rows[unseen] = len(ids) + np.arange(int(unseen.sum()))
+            grown = ids.extended([keys[j] for j in np.flatnonzero(unseen).tolist()])
+            return self._swap(dict(zip(rows.tolist(), vectors.values(), strict=True)), retired,
+                              grown)
 
     def update_rows(self, vectors: Mapping[int, torch.Tensor] | None = None,
                     retire: Sequence[int] = (), ids: IdMap | None = None) -> int:
         """The row-level :meth:`update` (a served catalog's updater): ``vectors`` by table
         row, ``retire`` rows. ``ids``: the served catalog's id map after the update; the
         table grows to its length, rows it names that the ranker has no vectors for are
-        added retired (items of the generative catalog only). Without ``ids``, new rows
-        must follow the table contiguously."""
+        added retired (items of the generative catalog only). Without ``ids`` (the table's
+        own), no row can be added."""
         with self._lock:
             return self._swap(dict(vectors or {}), list(retire), ids)
 
@@ -203,21 +206,16 @@ class DuoRanker:
         old = self.table
         n, k, h = old.num_items, old.tokens_per_item, old.hidden_size
         for i, v in vectors.items():
-            if isinstance(i, bool) or not isinstance(i, int) or i < 0:
-                raise InputError(f"items: bad item row {i!r}")
             if tuple(v.shape) != (k, h):
                 raise InputError(f"items[{i}]: expected [{k}, {h}] vectors, "
                                  f"got {tuple(v.shape)}")
             if not bool(torch.isfinite(v).all()):
                 raise InputError(f"items[{i}]: NaN or infinite values")
-        new_rows = sorted(i for i in vectors if i >= n)
-        if ids is None:
-            if new_rows and new_rows != list(range(n, n + len(new_rows))):
-                raise InputError(f"items: new item rows must be {n}, {n + 1}, ... in order")
-            ids = self._catalog.ids.extended([str(i) for i in new_rows])
-        total = max(n, len(ids), new_rows[-1] + 1 if new_rows else 0)
-        if total != len(ids):
-            raise InputError(f"items: {total} table rows and {len(ids)} item ids")
+        ids = self._catalog.ids if ids is None else ids
+        total = len(ids)  # the table's rows: those the id map names
+        if total < n:
+            raise InputError(f"items: an id map of {total} items for a table of {n}")
+        _check_ids(list(vectors), total, None, "items")
         _check_ids(retire, total, None, "retire")
         table = torch.zeros(total, k, h, dtype=old.vectors.dtype, device=old.vectors.device)
         table[:n] = old.vectors
