@@ -36,8 +36,8 @@ from genrec.model.checkpoint import save_model  # noqa: E402
 from genrec.model.layout import build_layout  # noqa: E402
 from genrec.training.duolm_task import init_text_embeddings  # noqa: E402
 from genrec.training.extend_vocab import TOKENIZER_FILES, load_text_tokenizer  # noqa: E402
-from genrec.training.generative_task import token_batches  # noqa: E402
 from genrec.training.initialization import init_weights  # noqa: E402
+from genrec.training.windows import token_batches  # noqa: E402
 
 FIELDS = ("title", "brand", "categories")
 

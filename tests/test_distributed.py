@@ -21,7 +21,8 @@ from test_commands_train_generative import invoke, write_dataset
 from genrec.engine import Engine
 from genrec.model import load_model
 from genrec.training.distributed import World, without_option
-from genrec.training.generative_task import IGNORE, GenerativeTask
+from genrec.training.generative_task import GenerativeTask
+from genrec.training.windows import IGNORE
 
 TINY = ["--hidden", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--head-dim", "8",
         "--batch-tokens", "120", "--max-history", "5", "--val-users", "0", "--no-progress",

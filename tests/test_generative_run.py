@@ -59,3 +59,24 @@ def test_bad_options_raise_value_errors(tmp_path: Path) -> None:
     config.data, config.prompt_text = None, None
     with pytest.raises(ValueError, match="exactly one of data"):
         train_generative(config)
+
+
+def test_mask_history_trains_the_head_and_validates_masked(tmp_path: Path) -> None:
+    from genrec import Engine
+    from genrec.evaluation.full_catalog import evaluate_generative, full_histories, split_examples
+
+    config = _tiny(tmp_path, mask_history=True, seed=1)
+    result = train_generative(config, echo=lambda _: None)
+    assert result is not None and result.epochs_done == 1
+    args = json.loads((tmp_path / "run" / "train_args.json").read_text())
+    assert args["mask_history"] is True
+    # the recorded validation is the masked one: re-evaluate the saved model both ways
+    ds = load_json_dataset(config.data)
+    val = split_examples(ds.sequences, "val", config.max_history, config.val_users, config.seed)
+    engine = Engine.from_pretrained(tmp_path / "run" / "best", device="cpu")
+    masked = evaluate_generative(engine, val, beam_width=config.beam_width,
+                                 exclude=full_histories(ds.sequences, val, "val"))
+    assert result.history[0]["val_ndcg@10"] == pytest.approx(masked["ndcg@10"])
+    assert result.history[0]["val_recall@10"] == pytest.approx(masked["recall@10"])
+    with pytest.raises(ValueError, match="--mask-history trains the item head"):
+        train_generative(_tiny(tmp_path / "b", mask_history=True, item_head=False))

@@ -11,16 +11,9 @@ from genrec.data.split import training_sequences
 from genrec.model import build_model
 from genrec.model.checkpoint import load_model, save_model
 from genrec.training.extend_vocab import adapt_pretrained
-from genrec.training.generative_task import (
-    IGNORE,
-    GenerativeTask,
-    batch_loss,
-    make_windows,
-    scratch_config,
-    token_batches,
-    window_tokens,
-)
+from genrec.training.generative_task import GenerativeTask, batch_loss, scratch_config
 from genrec.training.initialization import init_weights
+from genrec.training.windows import IGNORE
 from genrec.vocab.sid_vocab import BOS_ID, SOFT_ID, SidVocab
 
 N_ITEMS, CLUSTERS = 60, 6
@@ -54,16 +47,6 @@ def tiny_model(vocab: SidVocab, user_dim: int = 0, seed: int = 0) -> torch.nn.Mo
     return model
 
 
-def test_windows_overlap_by_one_and_end_at_last_item() -> None:
-    items = list(range(10))
-    windows = make_windows(items, max_history=3)
-    assert windows == [[0, 1, 2, 3], [3, 4, 5, 6], [6, 7, 8, 9]]
-    assert make_windows(items[:8], max_history=3) == [[0, 1], [1, 2, 3, 4], [4, 5, 6, 7]]
-    targets = [i for w in windows for i in w[1:]]
-    assert targets == items[1:]  # every item but the first is a target exactly once
-    assert make_windows([3], 5) == [] and make_windows([3, 4], 5) == [[3, 4]]
-
-
 def test_prompts_keep_the_last_items_and_reject_unknown_ids() -> None:
     vocab = make_vocab()
     n = vocab.index.num_items
@@ -74,30 +57,6 @@ def test_prompts_keep_the_last_items_and_reject_unknown_ids() -> None:
     assert full == [BOS_ID] + vocab.item_tokens(history).reshape(-1).tolist()
     with pytest.raises(IndexError, match=f"item id {n}"):
         vocab.prompt([0, n])
-
-
-@pytest.mark.parametrize("soft", [False, True])
-def test_window_labels_are_the_sid_tokens_of_items_after_the_first(soft: bool) -> None:
-    vocab = make_vocab()
-    ids, labels, _ = window_tokens(vocab, [4, 17, 30], soft)
-    head = [BOS_ID, SOFT_ID] if soft else [BOS_ID]
-    sid = vocab.item_tokens([4, 17, 30]).tolist()
-    assert ids == head + sid[0] + sid[1] + sid[2]
-    assert ids == vocab.prompt([4, 17, 30], soft_token=soft)  # the serving prompt
-    targets = [t for t in labels if t != IGNORE]
-    assert targets == sid[1] + sid[2]
-    # label at row p is the token at p + 1 (next-token prediction)
-    assert all(labels[p] in (IGNORE, ids[p + 1]) for p in range(len(ids) - 1))
-    assert labels[-1] == IGNORE
-
-
-def test_token_batches_are_seeded_and_cover_every_window() -> None:
-    lengths = [5, 9, 3, 12, 7, 4, 8]
-    a = token_batches(lengths, 16, seed=1, epoch=0)
-    assert a == token_batches(lengths, 16, seed=1, epoch=0)
-    assert a != token_batches(lengths, 16, seed=1, epoch=1)
-    assert sorted(i for b in a for i in b) == list(range(len(lengths)))
-    assert all(sum(lengths[i] for i in b) <= 16 or len(b) == 1 for b in a)
 
 
 @torch.no_grad()

@@ -17,13 +17,12 @@ from genrec.model import load_model, save_model
 from genrec.model.item_head import ItemHead, combine, pick
 from genrec.model.registry import build_model
 from genrec.training.generative_task import (
-    IGNORE,
     GenerativeTask,
     batch_loss,
     scratch_config,
     set_item_tokens,
-    window_tokens,
 )
+from genrec.training.windows import IGNORE, window_tokens
 from genrec.vocab.sid_vocab import SOFT_ID, SidVocab
 
 SIZES, N_ITEMS = [4, 5, 3], 40

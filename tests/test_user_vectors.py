@@ -56,7 +56,8 @@ def test_fold_in_is_u_sqrt_s_of_the_training_matrix() -> None:
 
 def test_causal_windows_hold_none_of_their_targets() -> None:
     from genrec.catalog.semantic_ids import SemanticIndex
-    from genrec.training.generative_task import GenerativeTask, make_windows
+    from genrec.training.generative_task import GenerativeTask
+    from genrec.training.windows import make_windows
     from genrec.vocab.sid_vocab import SidVocab
 
     seqs = clustered()

@@ -74,6 +74,10 @@ def train_generative(
         help="The item head's embeddings also added to each item's input (at the item's last "
              "Semantic-ID token), tied as in SASRec. Default: on with the item head.")
     ] = None,
+    mask_history: Annotated[bool, typer.Option(
+        help="Train the item head for serving that never recommends an item the user already "
+             "has (genrec eval --mask-history, RecommendRequest.exclude): its softmax over items "
+             "leaves out the user's earlier items, and validation masks them.")] = False,
     epochs: RecipeInt = None,
     batch_tokens: Annotated[int, typer.Option(min=1, help="Tokens per step.")] = 4096,
     lr: float = 1e-3, weight_decay: float = 0.01, warmup_ratio: float = 0.05,

@@ -119,9 +119,28 @@ def pick(log_probs: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
     picked = log_probs.gather(1, torch.where(known, items, 0))
     return torch.where(known, picked, torch.full_like(picked, float("-inf")))
 
-def item_loss(head: ItemHead, hidden: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over all items of ``items`` [N] given ``hidden`` [N, hidden]."""
-    return F.cross_entropy(head.logits(hidden), items)
+
+def hide_seen(logits: torch.Tensor, targets: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+    """``logits`` [N, num_items] with each row's ``seen`` items [N, width] (-1 padding) at -inf,
+    its target [N] kept."""
+    if seen.shape[0] != logits.shape[0]:
+        raise ValueError(f"seen: {seen.shape[0]} rows for {logits.shape[0]} targets")
+    hide = torch.zeros_like(logits, dtype=torch.bool)
+    index = torch.where(seen >= 0, seen, targets[:, None]).to(logits.device)
+    hide.scatter_(1, index, True)
+    hide[torch.arange(logits.shape[0], device=logits.device), targets] = False
+    return logits.masked_fill(hide, float("-inf"))
+
+
+def item_loss(head: ItemHead, hidden: torch.Tensor, items: torch.Tensor,
+              seen: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy over all items of ``items`` [N] given ``hidden`` [N, hidden];
+    ``seen`` [N, width] (-1 padding): items each row's softmax leaves out, its target kept
+    (:mod:`genrec.training.seen_items`)."""
+    logits = head.logits(hidden)
+    if seen is not None:
+        logits = hide_seen(logits, items, seen)
+    return F.cross_entropy(logits, items)
 
 
 def combine(sid_scores: torch.Tensor, head_scores: torch.Tensor, valid: torch.Tensor,

@@ -56,6 +56,7 @@ class GenerativeTrainConfig:
     prompt_text: str | None = None
     item_head: bool | None = None
     item_inputs: bool | None = None
+    mask_history: bool = False
     epochs: int | None = None
     batch_tokens: int = 4096
     lr: float = 1e-3
@@ -135,7 +136,7 @@ def train_generative(
     writes and reports; returns the fit's result on rank 0, None on the others. Bad options
     raise ValueError."""
     from genrec.data.split import training_sequences
-    from genrec.evaluation.full_catalog import split_examples
+    from genrec.evaluation.full_catalog import full_histories, split_examples
     from genrec.model import load_model
     from genrec.model.registry import build_model
     from genrec.training import extend_vocab as ext
@@ -167,6 +168,8 @@ def train_generative(
     if c.item_inputs and not item_head:
         raise ValueError("--item-inputs needs the item head (--item-head)")
     item_inputs = item_head if c.item_inputs is None else c.item_inputs
+    if c.mask_history and not item_head:
+        raise ValueError("--mask-history trains the item head: it needs --item-head")
     args["item_inputs"] = item_inputs
     train = training_sequences(ds.sequences)
     recipe = pick_recipe(train, {k: getattr(c, k) for k in RECIPE_KEYS}, main, echo)
@@ -207,6 +210,7 @@ def train_generative(
         vocab, train, vectors, c.batch_tokens, c.seed, val,
         c.beam_width, user_ids=ds.user_ids, user_vector_source=Path(c.user_vectors).name,
         progress=c.progress, item_factors=factors, extra_files=files,
+        mask_history=c.mask_history, val_exclude=full_histories(ds.sequences, val, "val"),
     )
     if main:
         write_train_args(c.out, args, c.resume)

@@ -1,20 +1,15 @@
-"""Generative-retrieval training data and loss: windows of users' training sequences.
+"""Generative-retrieval training: the task (its windows, batches and validation) and the loss.
 
-Each user's training part (leave-one-out: all but the last two items) is cut into windows of
-up to ``max_history + 1`` items, consecutive windows sharing one item, the last window ending at
-the user's last training item. A window is one causal sequence ``SidVocab.prompt(window)``
-(``bos [soft] [text] sid(i_1) ... sid(i_n)``, the same function serving uses; text only with
-a vocabulary extending a pretrained LM's, see :mod:`genrec.training.extend_vocab`) and every
-Semantic-ID token of items ``i_2 .. i_n`` is a target (teacher forcing), so a forward gives
-many targets and every training item but a user's first is a target exactly once. Windows are
-packed into one forward per step (``build_layout(lengths, [], [])``: independent causal
-sequences).
+Windows of users' training sequences are cut, tokenised and packed by
+:mod:`genrec.training.windows`; a packed batch is one forward
+(``build_layout(lengths, [], [])``: independent causal sequences), every Semantic-ID token of a
+window's items after its first a target (teacher forcing), so every training item but a user's
+first is a target exactly once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,76 +23,17 @@ from genrec.model.decoder import DecoderLM
 from genrec.model.item_head import item_loss
 from genrec.model.layout import build_layout
 from genrec.training.extend_vocab import level_loss
-from genrec.vocab.sid_vocab import SOFT_ID, SidVocab
-
-IGNORE = -100
-
-
-def make_windows(items: Sequence[int], max_history: int) -> list[list[int]]:
-    """Windows of up to ``max_history + 1`` items, oldest first; consecutive windows overlap by
-    one item and the last one ends at ``items[-1]``. Windows of one item (no target) are dropped."""
-    if max_history < 1:
-        raise ValueError(f"max_history must be >= 1, got {max_history}")
-    windows, end = [], len(items)
-    while end >= 2:
-        start = max(0, end - max_history - 1)
-        windows.append(list(items[start:end]))
-        end = start + 1
-    return windows[::-1]
-
-
-def window_tokens(vocab: SidVocab, items: Sequence[int], soft_token: bool,
-                  text: Sequence[int] | None = None) -> tuple[list, list, list]:
-    """Token ids of a window's prompt (``text``: see :meth:`SidVocab.prompt`), its labels
-    (next-token targets, -100 = no loss) and its item labels (the next item at each row that
-    predicts an item's first Semantic ID, for the item head; -100 elsewhere)."""
-    ids = vocab.prompt(items, soft_token=soft_token, truncate=False, text=text)
-    first_target = len(vocab.head(soft_token, text)) + vocab.num_levels  # first token of item 2
-    labels = [IGNORE] * len(ids)
-    labels[first_target - 1 : -1] = ids[first_target:]
-    item_labels = [IGNORE] * len(ids)
-    for j, item in enumerate(items[1:]):  # the row before item j+2's first Semantic ID
-        item_labels[first_target - 1 + j * vocab.num_levels] = int(item)
-    return ids, labels, item_labels
-
-
-@dataclass
-class TrainBatch:
-    """Packed windows: ``token_ids``/``labels`` [T], one length per window, soft-token rows [S]
-    and their user vectors [S, user_dim] (None without soft tokens)."""
-
-    token_ids: torch.Tensor
-    labels: torch.Tensor
-    lengths: list[int]
-    soft_rows: torch.Tensor
-    user_vectors: torch.Tensor | None
-    soft_id: int = SOFT_ID
-    item_labels: torch.Tensor | None = None  # [T], for a model with an item head
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.token_ids.numel())
-
-    def windows(self, keep: Sequence[int]) -> TrainBatch:
-        """The batch of windows ``keep`` only (in that order)."""
-        ends = torch.cumsum(torch.tensor(self.lengths), 0).tolist()
-        starts = [e - n for e, n in zip(ends, self.lengths, strict=True)]
-        rows = torch.cat([torch.arange(starts[w], ends[w]) for w in keep]) if keep else \
-            torch.zeros(0, dtype=torch.long)
-        ids = self.token_ids[rows]
-        soft = torch.nonzero(ids == self.soft_id)[:, 0] if self.soft_rows.numel() else \
-            self.soft_rows
-        vectors = None if self.user_vectors is None else self.user_vectors[list(keep)]
-        items = None if self.item_labels is None else self.item_labels[rows]
-        return TrainBatch(ids, self.labels[rows], [self.lengths[w] for w in keep], soft, vectors,
-                          self.soft_id, items)
+from genrec.training.seen_items import seen_matrix
+from genrec.training.windows import IGNORE, TrainBatch, make_windows, token_batches, window_tokens
+from genrec.vocab.sid_vocab import SidVocab
 
 
 def batch_loss(model: DecoderLM, batch: TrainBatch, vocab: SidVocab | None = None
                ) -> torch.Tensor:
     """Mean cross-entropy over the batch's targets, normalised as the engine scores: over the
     full vocabulary, or over each target's level (``sid_normalize="level"``; needs ``vocab``);
-    with an item head, plus its mean cross-entropy over all items at the batch's item labels."""
+    with an item head, plus its mean cross-entropy over all items at the batch's item labels
+    (over the items each user does not have yet, when the batch carries ``seen_items``)."""
     device = model.device
     inputs = PackedInputs(
         token_ids=batch.token_ids, raw_rows=torch.zeros(0, dtype=torch.long), raw_embeds=None,
@@ -121,41 +57,8 @@ def batch_loss(model: DecoderLM, batch: TrainBatch, vocab: SidVocab | None = Non
             raise ValueError("batch.item_labels: a model with an item head needs them")
         items = batch.item_labels.to(device)
         at = items != IGNORE
-        loss = loss + item_loss(model.item_head, hidden[at], items[at])
+        loss = loss + item_loss(model.item_head, hidden[at], items[at], batch.seen_items)
     return loss
-
-
-def token_batches(
-    lengths: Sequence[int], batch_tokens: int, seed: int, epoch: int, pool: int = 32,
-) -> list[list[int]]:
-    """Seeded batches of window indices, each up to ``batch_tokens`` tokens (a longer window is
-    a batch of its own). Same (seed, epoch) -> same batches.
-
-    Windows are shuffled, then grouped by length inside pools of about ``pool`` batches (the
-    attention pads every sequence of a batch to the longest one), and the batches shuffled.
-    """
-    if batch_tokens < 1:
-        raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
-    gen = torch.Generator().manual_seed(seed * 100_003 + epoch)
-    order = torch.randperm(len(lengths), generator=gen).tolist()
-    batches: list[list[int]] = []
-    start = 0
-    while start < len(order):
-        end, used = start, 0
-        while end < len(order) and used < pool * batch_tokens:
-            used, end = used + lengths[order[end]], end + 1
-        group = sorted(order[start:end], key=lengths.__getitem__)
-        start = end
-        current: list[int] = []
-        used = 0
-        for i in group:
-            if current and used + lengths[i] > batch_tokens:
-                batches.append(current)
-                current, used = [], 0
-            current.append(i)
-            used += lengths[i]
-        batches.append(current)
-    return [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
 
 
 class GenerativeTask:
@@ -169,7 +72,9 @@ class GenerativeTask:
     training items, target = validation item) drive per-epoch Recall/NDCG via ``Engine``.
     ``texts``: per user, text token ids put before the window's Semantic IDs (None: the
     vocabulary's default text); ``extra_files`` (name -> bytes, e.g. a kept tokenizer's files)
-    are written beside every checkpoint.
+    are written beside every checkpoint. ``mask_history``: the item head's softmax leaves out
+    each user's earlier items (:mod:`genrec.training.seen_items`) and validation never
+    recommends them (``val_exclude``: per validation example, the items to exclude).
     """
 
     def __init__(
@@ -180,6 +85,7 @@ class GenerativeTask:
         user_vector_source: str = "", progress: bool = True,
         item_factors: torch.Tensor | None = None,
         texts: Sequence[Sequence[int]] | None = None, extra_files: dict[str, bytes] | None = None,
+        mask_history: bool = False, val_exclude: Sequence[Sequence[int]] | None = None,
     ) -> None:
         self.vocab, self.user_vectors = vocab, user_vectors
         self.batch_tokens, self.seed = batch_tokens, seed
@@ -188,6 +94,11 @@ class GenerativeTask:
         self.user_ids, self.user_vector_source = user_ids, user_vector_source
         soft = user_vectors is not None
         self.extra_files = dict(extra_files or {})
+        self.mask_history, self.val_exclude = mask_history, val_exclude
+        if val_exclude is not None and len(val_exclude) != len(self.val_examples):
+            raise ValueError(f"val_exclude: {len(val_exclude)} lists for "
+                             f"{len(self.val_examples)} validation examples")
+        self.priors: list[torch.Tensor] = []  # per window: the user's items before its last
         if texts is not None and len(texts) != len(train_sequences):
             raise ValueError(f"texts: {len(texts)} entries for {len(train_sequences)} users")
         self.users: list[int] = []
@@ -201,6 +112,7 @@ class GenerativeTask:
             if text is not None:
                 vocab.check_text(text, f"texts[{user}]")
             start = 0  # windows tile the sequence from its start, overlapping by one item
+            whole = torch.tensor(list(seq), dtype=torch.long)
             for window in make_windows(seq, vocab.max_history):
                 ids, labels, item_labels = window_tokens(vocab, window, soft, text)
                 self.users.append(user)
@@ -208,6 +120,8 @@ class GenerativeTask:
                 self.labels.append(torch.tensor(labels))
                 self.item_labels.append(torch.tensor(item_labels))
                 seen.append(list(seq[: start + 1]))
+                if mask_history:
+                    self.priors.append(whole[: start + len(window) - 1])  # a view
                 start += len(window) - 1
         if not self.ids:
             raise ValueError("train_sequences: no user has two or more training items")
@@ -218,6 +132,7 @@ class GenerativeTask:
             from genrec.training.user_vectors import fold_in
 
             self.window_vectors = fold_in(self.item_factors, seen)
+        self.firsts = [len(s) for s in seen]
         self.lengths = [t.numel() for t in self.ids]
         self.num_targets = sum(int((t != IGNORE).sum()) for t in self.labels)
         self._plan: tuple[int, list[list[int]]] | None = None
@@ -243,9 +158,12 @@ class GenerativeTask:
                 vectors = self.window_vectors[torch.tensor(idx)]
             elif self.user_vectors is not None:
                 vectors = self.user_vectors[torch.tensor([self.users[i] for i in idx])]
+            seen = seen_matrix([self.priors[i] for i in idx], [self.firsts[i] for i in idx]) \
+                if self.mask_history else None
             yield TrainBatch(ids, torch.cat([self.labels[i] for i in idx]),
                              [self.lengths[i] for i in idx], soft_rows, vectors,
-                             self.vocab.soft_id, torch.cat([self.item_labels[i] for i in idx]))
+                             self.vocab.soft_id, torch.cat([self.item_labels[i] for i in idx]),
+                             seen)
 
     def loss(self, model: DecoderLM, batch: TrainBatch) -> tuple[torch.Tensor, int]:
         """(mean loss, tokens processed)."""
@@ -275,6 +193,7 @@ class GenerativeTask:
         return evaluate_generative(
             self._engine, self.val_examples, self.user_vectors, beam_width=self.beam_width,
             batch_size=self.val_batch_size, progress=self.progress,
+            exclude=self.val_exclude if self.mask_history else None,
         )
 
     def save_extra(self, directory: Path) -> None:
