@@ -282,3 +282,25 @@ def test_item_inputs_need_the_head() -> None:
     cfg = scratch_config(_vocab(), hidden=32, layers=1, heads=4, kv_heads=2, head_dim=8)
     with pytest.raises(ValueError, match="item_inputs needs an item head"):
         dataclasses.replace(cfg, item_inputs=3)
+
+
+def test_item_loss_weight_scales_the_heads_share_of_the_loss() -> None:
+    vocab = _vocab()
+    cfg = scratch_config(vocab, hidden=32, layers=1, heads=4, kv_heads=2, head_dim=8)
+    torch.manual_seed(0)
+    plain = build_model(cfg)
+    headed = build_model(dataclasses.replace(cfg, item_head=N_ITEMS))
+    headed.load_state_dict(plain.state_dict(), strict=False)
+    batch = next(GenerativeTask(vocab, [[1, 2, 3, 4], [5, 6, 7]], batch_tokens=10_000)
+                 .batches(0))
+    with torch.no_grad():
+        base = batch_loss(plain, batch)
+        one = batch_loss(headed, batch) - base
+        three = batch_loss(headed, batch, item_weight=3.0) - base
+    assert three.item() == pytest.approx(3 * one.item(), rel=1e-5)
+    task = GenerativeTask(vocab, [[1, 2, 3, 4]], batch_tokens=10_000, item_loss_weight=3.0)
+    loss, _ = task.loss(headed, next(task.batches(0)))
+    assert loss.item() == pytest.approx(batch_loss(headed, next(task.batches(0)), vocab,
+                                                   3.0).item())
+    with pytest.raises(ValueError, match="item_loss_weight"):
+        GenerativeTask(vocab, [[1, 2, 3, 4]], item_loss_weight=0.0)

@@ -57,6 +57,7 @@ class GenerativeTrainConfig:
     item_head: bool | None = None
     item_inputs: bool | None = None
     mask_history: bool = False
+    item_loss_weight: float = 1.0
     epochs: int | None = None
     batch_tokens: int = 4096
     lr: float = 1e-3
@@ -211,6 +212,7 @@ def train_generative(
         c.beam_width, user_ids=ds.user_ids, user_vector_source=Path(c.user_vectors).name,
         progress=c.progress, item_factors=factors, extra_files=files,
         mask_history=c.mask_history, val_exclude=full_histories(ds.sequences, val, "val"),
+        item_loss_weight=c.item_loss_weight,
     )
     if main:
         write_train_args(c.out, args, c.resume)

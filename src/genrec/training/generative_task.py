@@ -28,12 +28,13 @@ from genrec.training.windows import IGNORE, TrainBatch, make_windows, token_batc
 from genrec.vocab.sid_vocab import SidVocab
 
 
-def batch_loss(model: DecoderLM, batch: TrainBatch, vocab: SidVocab | None = None
-               ) -> torch.Tensor:
+def batch_loss(model: DecoderLM, batch: TrainBatch, vocab: SidVocab | None = None,
+               item_weight: float = 1.0) -> torch.Tensor:
     """Mean cross-entropy over the batch's targets, normalised as the engine scores: over the
     full vocabulary, or over each target's level (``sid_normalize="level"``; needs ``vocab``);
-    with an item head, plus its mean cross-entropy over all items at the batch's item labels
-    (over the items each user does not have yet, when the batch carries ``seen_items``)."""
+    with an item head, plus ``item_weight`` x its mean cross-entropy over all items at the
+    batch's item labels (over the items each user does not have yet, when the batch carries
+    ``seen_items``)."""
     device = model.device
     inputs = PackedInputs(
         token_ids=batch.token_ids, raw_rows=torch.zeros(0, dtype=torch.long), raw_embeds=None,
@@ -57,7 +58,8 @@ def batch_loss(model: DecoderLM, batch: TrainBatch, vocab: SidVocab | None = Non
             raise ValueError("batch.item_labels: a model with an item head needs them")
         items = batch.item_labels.to(device)
         at = items != IGNORE
-        loss = loss + item_loss(model.item_head, hidden[at], items[at], batch.seen_items)
+        loss = loss + item_weight * item_loss(model.item_head, hidden[at], items[at],
+                                              batch.seen_items)
     return loss
 
 
@@ -75,6 +77,7 @@ class GenerativeTask:
     are written beside every checkpoint. ``mask_history``: the item head's softmax leaves out
     each user's earlier items (:mod:`genrec.training.seen_items`) and validation never
     recommends them (``val_exclude``: per validation example, the items to exclude).
+    ``item_loss_weight``: the item head's cross-entropy's weight beside the Semantic IDs'.
     """
 
     def __init__(
@@ -86,6 +89,7 @@ class GenerativeTask:
         item_factors: torch.Tensor | None = None,
         texts: Sequence[Sequence[int]] | None = None, extra_files: dict[str, bytes] | None = None,
         mask_history: bool = False, val_exclude: Sequence[Sequence[int]] | None = None,
+        item_loss_weight: float = 1.0,
     ) -> None:
         self.vocab, self.user_vectors = vocab, user_vectors
         self.batch_tokens, self.seed = batch_tokens, seed
@@ -95,6 +99,9 @@ class GenerativeTask:
         soft = user_vectors is not None
         self.extra_files = dict(extra_files or {})
         self.mask_history, self.val_exclude = mask_history, val_exclude
+        if not item_loss_weight > 0:
+            raise ValueError(f"item_loss_weight must be > 0, got {item_loss_weight}")
+        self.item_loss_weight = item_loss_weight
         if val_exclude is not None and len(val_exclude) != len(self.val_examples):
             raise ValueError(f"val_exclude: {len(val_exclude)} lists for "
                              f"{len(self.val_examples)} validation examples")
@@ -167,7 +174,7 @@ class GenerativeTask:
 
     def loss(self, model: DecoderLM, batch: TrainBatch) -> tuple[torch.Tensor, int]:
         """(mean loss, tokens processed)."""
-        return batch_loss(model, batch, self.vocab), batch.num_tokens
+        return batch_loss(model, batch, self.vocab, self.item_loss_weight), batch.num_tokens
 
     def shard(self, batch: TrainBatch, rank: int, world: int) -> tuple[TrainBatch | None, float]:
         """Windows ``rank, rank + world, ...`` of ``batch`` and their share of its targets
