@@ -79,8 +79,8 @@ def train_generative(
              "has (genrec eval --mask-history, RecommendRequest.exclude): its softmax over items "
              "leaves out the user's earlier items, and validation masks them.")] = False,
     item_loss_weight: Annotated[float, typer.Option(
-        min=0.0, help="The item head's cross-entropy's weight in the loss, "
-                                     "beside the Semantic IDs' (1: equal).")] = 1.0,
+        min=0.0, help="The item head's cross-entropy's weight in the loss, beside the "
+                      "Semantic IDs' (1: equal).")] = 1.0,
     epochs: RecipeInt = None,
     batch_tokens: Annotated[int, typer.Option(min=1, help="Tokens per step.")] = 4096,
     lr: float = 1e-3, weight_decay: float = 0.01, warmup_ratio: float = 0.05,
