@@ -206,3 +206,23 @@ def test_one_rank_trains_unsharded_and_unknown_shardings_are_refused() -> None:
         LoopConfig(sharding="zero").validate()
     with pytest.raises(ValueError, match="sharding"):
         train_model(model, None, World(), "zero")
+
+
+def _close_rank(rank: int, store_file: str, results: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank,
+                            world_size=2)
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)  # the group works until it is closed
+    World(rank, 2).close()
+    Path(results, str(rank)).write_text(f"{float(t[0])} {dist.is_initialized()}")
+
+
+def test_close_leaves_the_process_group_on_every_rank(tmp_path: Path) -> None:
+    # a rank exiting with the group open can abort in its teardown (gloo's worker threads)
+    import torch.multiprocessing as mp
+
+    mp.spawn(_close_rank, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    assert [(tmp_path / str(r)).read_text() for r in (0, 1)] == ["3.0 False"] * 2
+    World().close()  # one process: nothing to leave

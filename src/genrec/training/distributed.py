@@ -88,6 +88,13 @@ class World:
         if self.size > 1:
             dist.barrier()
 
+    def close(self) -> None:
+        """Leave the process group once every rank is done (a no-op without distribution):
+        a rank that exits with the group still open can abort in its teardown."""
+        if self.size > 1 and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
 
 def current_world(device: torch.device | None = None) -> World:
     """The world of this process: joins the process group ``torchrun`` describes in the

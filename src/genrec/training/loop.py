@@ -83,7 +83,8 @@ def fit(
     its shard of each batch (the task must implement ``shard``); rank 0 validates and writes.
     With ``config.sharding`` "fsdp" the ranks also shard the weights, gradients and optimizer
     state (FSDP2, :mod:`genrec.training.sharding`), and ``model`` is left sharded: the trained
-    weights are those of ``out_dir/last``.
+    weights are those of ``out_dir/last``. Every rank leaves the process group when the run
+    ends.
     """
     cfg = config or LoopConfig()
     cfg.validate()
@@ -106,6 +107,7 @@ def fit(
         if cfg.progress and world.main:
             shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in entry.items()}
             tqdm.write(str(shown))
+    world.close()
     return FitResult(state["epoch"], state["best_epoch"], state["best_metric"], state["stopped"],
                      state["history"])
 
