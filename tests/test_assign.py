@@ -139,3 +139,21 @@ def test_upserts_get_ids_from_embeddings(index: SemanticIndex, emb: torch.Tensor
                                          r"embeddings"):
         assign_upserts([{"item_id": "t", "text": "a"}], assigner, index.codes_to_items, [-1],
                        ranker=False)
+
+
+def test_codebooks_of_the_first_format_load_without_a_collaborative_part(
+        index: SemanticIndex, tmp_path: Path) -> None:
+    path = tmp_path / "index.json"
+    index.save(path)
+    data = json.loads(path.read_text())
+    books = data["meta"][CODEBOOKS_KEY]
+    assert books["format"] == 2 and books["collaborative"] == 0
+    del books["collaborative"]
+    books["format"] = 1
+    path.write_text(json.dumps(data))
+    loaded = IdAssigner.of(SemanticIndex.load(path))
+    assert loaded.codebooks.collaborative == 0 and loaded.dim == IdAssigner.of(index).dim
+    books.update(format=2, collaborative=loaded.dim)  # every dimension: no room for text
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="id_assignment.collaborative"):
+        SemanticIndex.load(path)

@@ -118,3 +118,28 @@ def test_upserts_with_text_get_the_id_of_their_text(text_index: Path) -> None:
     assert assigned == {"n1": want} and out == [{"item_id": "n1", "semantic_id": want}]
     out, _ = assign_upserts(items, assigner, index.codes_to_items, [-1], ranker=True)
     assert out == [{**items[0], "semantic_id": want}]  # the text kept for the ranker
+
+
+def test_collaborative_codes_group_the_items_of_the_same_users(tmp_path: Path) -> None:
+    args = tables(tmp_path)
+    # four groups of items that read nothing alike; each user takes the items of one group
+    groups = [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
+    rows = [f"u{u},i{k},{t}" for u in range(40) for t, k in enumerate(groups[u % 4] * 2)]
+    (tmp_path / "inter.csv").write_text("user_id,item_id,timestamp\n" + "\n".join(rows))
+    out = tmp_path / "index.json"
+    common = ["--levels", "2", "--codebook-size", "4", "--device", "cpu", "--out", str(out)]
+    run(*args, "--from-text", "--collaborative", "10", "--collaborative-dim", "8", *common)
+    index = SemanticIndex.load(out)
+    first = {index.item_ids[r]: int(index.codes[r, 0]) for r in range(index.num_items)}
+    assert all(len({first[f"i{k}"] for k in g}) == 1 for g in groups)
+    saved = index.meta[CODEBOOKS_KEY]
+    assert saved["collaborative"] == 8 and saved["encoder"]["dim"] == 384
+    # a new item has no interactions: its text alone places it (zeros for the factors)
+    assigner = IdAssigner.of(index)
+    emb = assigner.embed(["Title: yellow wool scarf."])
+    assert emb.shape == (1, 392) and torch.equal(emb[0, 384:], torch.zeros(8))
+    assert torch.allclose(emb[0, :384].norm(), torch.tensor(1.0))
+    result = CliRunner().invoke(app, ["index", *args, "--sid-file", str(tmp_path / "x.json"),
+                                      "--collaborative", "1", "--out", str(out)])
+    assert result.exit_code != 0 and "--collaborative: give --from-text or --embeddings" in (
+        result.output)

@@ -78,7 +78,8 @@ class IdAssigner:
         return self.codebooks.encoder is not None
 
     def embed(self, texts: Sequence[str], field: str = "text") -> torch.Tensor:
-        """Texts -> float32 [n, dim] with the index's sentence encoder."""
+        """Texts -> their embeddings with the index's sentence encoder, as the codebooks take
+        them (``codebooks.prepared``)."""
         spec = self.codebooks.encoder
         if spec is None:
             raise ValueError(f"{field}: this index was built from embeddings, not text: send "
@@ -90,7 +91,7 @@ class IdAssigner:
                 raise ValueError(f"encoder {spec['model']}: {encoder.dim} dimensions, the "
                                  f"codebooks take {self.dim}")
             self._encoder = encoder
-        return self._encoder.encode(list(texts), progress=False)
+        return self.codebooks.prepared(self._encoder.encode(list(texts), progress=False))
 
     def embedding(self, values: object, field: str) -> torch.Tensor:
         """One given embedding as the codebooks take it (float32 [dim], normalised as the
@@ -109,8 +110,8 @@ class IdAssigner:
     def assign(self, embeddings: torch.Tensor, lookup: Lookup,
                owners: Sequence[int] | None = None,
                fields: Sequence[str] | None = None) -> list[list[int]]:
-        """Semantic IDs of items from their embeddings [n, dim] (as :meth:`embed` gives them,
-        or :meth:`embedding`, or ``codebooks.prepared``): none held by an item of the
+        """Semantic IDs of items from their embeddings (as :meth:`embed`, :meth:`embedding`
+        or ``codebooks.prepared`` give them): none held by an item of the
         catalog (``lookup``) but the item itself (``owners[k]``: its row, -1 or ``None``: a
         new item), nor given to another of this call; raises ``ValueError`` (naming
         ``fields[k]``) when an item finds no free ID."""

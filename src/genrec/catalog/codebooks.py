@@ -47,10 +47,11 @@ def default_codebook_size(num_items: int, levels: int) -> int:
 
 #: The key of an index's ``meta`` that holds its :class:`IdCodebooks`.
 CODEBOOKS_KEY = "id_assignment"
-CODEBOOKS_FORMAT = 1
+CODEBOOKS_FORMAT = 2
 #: The collision rule of an index whose last level counts the items sharing the k-means codes.
 COUNTER = "counter"
-_KEYS = {"format", "codebooks", "normalize", "encoder", "collision"}
+_KEYS = {"format", "codebooks", "normalize", "encoder", "collision", "collaborative"}
+_KEYS_V1 = _KEYS - {"collaborative"}  # format 1: no collaborative part
 
 
 def _packed(t: torch.Tensor) -> dict[str, Any]:
@@ -87,17 +88,23 @@ class IdCodebooks:
     package's name or a folder), ``dim``, ``max_length``; ``None``: the index was built from
     given embeddings); ``collision`` (:data:`COUNTER`: the index's last level counts the items
     that share the k-means codes, a new item takes the smallest free counter; ``None``: no
-    such level)."""
+    such level); ``collaborative`` (the centroids' last dimensions that hold interaction
+    factors, :mod:`genrec.catalog.collaborative`: a new item, which has no interactions, gets
+    zeros there; 0: none).
+
+    A new item is given by an embedding of :attr:`dim` values (its text's, or a given one);
+    :meth:`prepared` turns it into what the centroids take."""
 
     centroids: tuple[torch.Tensor, ...]
     normalize: str | None = None
     encoder: Mapping[str, Any] | None = None
     collision: str | None = COUNTER
+    collaborative: int = 0
 
     @property
     def dim(self) -> int:
-        """Embedding size."""
-        return int(self.centroids[0].shape[1])
+        """Size of a new item's embedding (the centroids' less the collaborative part)."""
+        return int(self.centroids[0].shape[1]) - self.collaborative
 
     @property
     def sizes(self) -> list[int]:
@@ -109,18 +116,19 @@ class IdCodebooks:
         return {"format": CODEBOOKS_FORMAT, "codebooks": [_packed(c) for c in self.centroids],
                 "normalize": self.normalize,
                 "encoder": dict(self.encoder) if self.encoder is not None else None,
-                "collision": self.collision}
+                "collision": self.collision, "collaborative": self.collaborative}
 
     @classmethod
     def from_meta(cls, raw: Any, codebook_sizes: Sequence[int], where: str) -> IdCodebooks:
         """Read :meth:`to_meta`'s form, strictly: every key, shape and value checked against
         the index's ``codebook_sizes``; raises ``ValueError`` naming ``where`` and the key."""
         where = f"{where}: meta.{CODEBOOKS_KEY}"
-        if not isinstance(raw, Mapping) or set(raw) != _KEYS:
-            keys = sorted(raw) if isinstance(raw, Mapping) else type(raw).__name__
-            raise ValueError(f"{where}: expected the keys {sorted(_KEYS)}, got {keys}")
-        if raw["format"] != CODEBOOKS_FORMAT:
-            raise ValueError(f"{where}.format: unsupported {raw['format']!r}")
+        version = raw.get("format") if isinstance(raw, Mapping) else None
+        if version not in (1, CODEBOOKS_FORMAT):
+            raise ValueError(f"{where}.format: unsupported {version!r}")
+        expected = _KEYS if version == CODEBOOKS_FORMAT else _KEYS_V1
+        if set(raw) != expected:
+            raise ValueError(f"{where}: expected the keys {sorted(expected)}, got {sorted(raw)}")
         if raw["normalize"] not in (None, "l2"):
             raise ValueError(f"{where}.normalize: expected 'l2' or null, got {raw['normalize']!r}")
         if raw["collision"] not in (None, COUNTER):
@@ -137,21 +145,31 @@ class IdCodebooks:
                              f" do not fit the index's codebook sizes {list(codebook_sizes)}")
         if len({int(c.shape[1]) for c in centroids}) != 1:
             raise ValueError(f"{where}.codebooks: levels of different dimensions")
+        collaborative = raw.get("collaborative", 0)
+        if (not isinstance(collaborative, int) or isinstance(collaborative, bool)
+                or not 0 <= collaborative < centroids[0].shape[1]):
+            raise ValueError(f"{where}.collaborative: expected 0 to "
+                             f"{centroids[0].shape[1] - 1} dimensions, got {collaborative!r}")
         encoder = raw["encoder"]
         if encoder is not None:
             if (not isinstance(encoder, Mapping) or set(encoder) != {"model", "dim", "max_length"}
                     or not isinstance(encoder["model"], str)):
                 raise ValueError(f"{where}.encoder: expected {{'model', 'dim', 'max_length'}}, "
                                  f"got {encoder!r}")
-            if encoder["dim"] != centroids[0].shape[1]:
+            if encoder["dim"] != centroids[0].shape[1] - collaborative:
                 raise ValueError(f"{where}.encoder.dim: {encoder['dim']!r}, the codebooks' "
-                                 f"{centroids[0].shape[1]}")
-        return cls(centroids, raw["normalize"], encoder, raw["collision"])
+                                 f"{centroids[0].shape[1] - collaborative}")
+        return cls(centroids, raw["normalize"], encoder, raw["collision"], collaborative)
 
     def prepared(self, embeddings: torch.Tensor) -> torch.Tensor:
-        """Embeddings [n, dim] as the codebooks take them (float32, normalised if recorded)."""
+        """New items' embeddings [n, dim] as the centroids take them: float32, normalised if
+        recorded, zeros appended for the collaborative part."""
         x = embeddings.detach().to("cpu", torch.float32)
-        return torch.nn.functional.normalize(x, dim=-1) if self.normalize == "l2" else x
+        if self.normalize == "l2":
+            x = torch.nn.functional.normalize(x, dim=-1)
+        if self.collaborative:
+            x = torch.cat([x, x.new_zeros(*x.shape[:-1], self.collaborative)], dim=-1)
+        return x
 
     def codes(self, embeddings: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Nearest code per level on the residuals of ``embeddings`` [n, dim] (already

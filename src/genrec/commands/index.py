@@ -49,6 +49,12 @@ def index_command(
                                                 "about equally (capacity n / codes).")] = True,
     encoder: Annotated[Path | None, typer.Option(help="Local sentence-encoder folder "
                                                       "(default: bundled MiniLM).")] = None,
+    collaborative: Annotated[float, typer.Option(
+        min=0.0, help="With --from-text or --embeddings: weight of the items' interaction "
+                      "factors (an SVD of the training interactions) beside their embedding "
+                      "(0: text alone; see genrec.catalog.collaborative).")] = 0.0,
+    collaborative_dim: Annotated[int, typer.Option(
+        min=1, help="Size of the interaction factors.")] = 64,
     add: Annotated[Path | None, typer.Option(
         help="Add new items to the index at --out (a table: item id and text columns, or an "
              "'embedding' column): each gets the ID the index gives it.")] = None,
@@ -69,12 +75,16 @@ def index_command(
     )
     from genrec.catalog.assign import encoder_spec
     from genrec.catalog.codebooks import CODEBOOKS_KEY, IdCodebooks, default_codebook_size
+    from genrec.catalog.collaborative import interaction_factors, with_collaborative
     from genrec.catalog.semantic_ids import duplicate_groups, prefix_stats
+    from genrec.data.split import training_sequences
 
     try:
         ds = load_dataset(data, interactions, items, table)
         if from_text + (embeddings is not None) + (sid_file is not None) > 1:
             raise typer.BadParameter("give at most one of --from-text, --embeddings, --sid-file")
+        if collaborative and not from_text and embeddings is None:
+            raise typer.BadParameter("--collaborative: give --from-text or --embeddings")
         if not from_text and embeddings is None:
             sid_file = sid_file or ds.semantic_id_path
             if sid_file is None:
@@ -89,16 +99,23 @@ def index_command(
                 emb = load_embeddings(embeddings)
             if emb.shape[0] != ds.num_items:
                 raise ValueError(f"embeddings: {emb.shape[0]} rows, dataset has {ds.num_items}")
+            cf_dim = collaborative_dim if collaborative else 0
+            if cf_dim:  # the embeddings are normalised first: the weight is the parts' ratio
+                factors = interaction_factors(training_sequences(ds.sequences), ds.num_items,
+                                              cf_dim, seed=seed)
+                emb = with_collaborative(emb, factors, collaborative)
             codebook_size = codebook_size or default_codebook_size(ds.num_items, levels)
             index = build_semantic_index(emb.to(resolve_device(device)), levels, codebook_size,
                                          iters=iters, seed=seed, item_ids=list(ds.item_ids),
                                          balanced=balanced)
             index = index.to("cpu")
-            if from_text:  # the encoder normalises: given embeddings are normalised the same
+            if from_text or cf_dim:  # new items' embeddings are then normalised the same
                 books = IdCodebooks.from_meta(index.meta[CODEBOOKS_KEY], index.codebook_sizes,
                                               "index")
                 index.meta[CODEBOOKS_KEY] = dataclasses.replace(
-                    books, normalize="l2", encoder=encoder_spec(enc, encoder)).to_meta()
+                    books, normalize="l2", collaborative=cf_dim,
+                    encoder=encoder_spec(enc, encoder) if from_text else None).to_meta()
+                index.meta["collaborative_weight"] = collaborative
         index.save(out)
     except INPUT_ERRORS as err:
         raise fail(err) from None
