@@ -22,8 +22,8 @@ def test_items_of_the_same_users_share_factors_and_untaken_items_are_zero() -> N
 
 
 def test_bad_input_is_named() -> None:
-    with pytest.raises(ValueError, match="item rows must lie in 0..2"):
-        interaction_factors([[0, 3]], 3)
+    with pytest.raises(ValueError, match="item ids must lie in 0..2"):
+        interaction_factors([[0, 3]], 3, dim=4)
     with pytest.raises(ValueError, match="dim: must be >= 1"):
         interaction_factors([[0]], 3, dim=0)
     with pytest.raises(ValueError, match="2 rows, the factors 3"):

@@ -16,35 +16,46 @@ from collections.abc import Sequence
 
 import torch
 
-#: Size of the collaborative part by default (the SVD's rank).
-DEFAULT_DIM = 64
+
+def interaction_matrix(histories: Sequence[Sequence[int]], num_items: int) -> torch.Tensor:
+    """The binary sparse [len(histories), num_items] matrix of ``histories`` (item rows per
+    user; repeats count once)."""
+    pairs = {(u, i) for u, seq in enumerate(histories) for i in seq}
+    if any(not 0 <= i < num_items for _, i in pairs):
+        raise ValueError(f"train_sequences: item ids must lie in 0..{num_items - 1}")
+    index = torch.tensor(sorted(pairs), dtype=torch.int64).reshape(-1, 2).T  # [2, nnz]
+    return torch.sparse_coo_tensor(index, torch.ones(index.shape[1]),
+                                   (len(histories), num_items), check_invariants=True).coalesce()
+
+
+def interaction_svd(matrix: torch.Tensor, rank: int, niter: int, seed: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded truncated SVD of a non-empty :func:`interaction_matrix`: the singular values
+    ``s`` [r] and item vectors ``v`` [num_items, r] above 1e-6 of the largest
+    (``r <= min(rank, users, items)``)."""
+    q = min(rank, *matrix.shape)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        _, s, v = torch.svd_lowrank(matrix, q=q, niter=niter)
+    keep = s > s.max() * 1e-6
+    return s[keep], v[:, keep]
 
 
 def interaction_factors(
-    train_sequences: Sequence[Sequence[int]], num_items: int, dim: int = DEFAULT_DIM,
-    niter: int = 6, seed: int = 0,
+    train_sequences: Sequence[Sequence[int]], num_items: int, dim: int, niter: int = 6,
+    seed: int = 0,
 ) -> torch.Tensor:
     """float32 [num_items, dim]: each item's L2-normalised row of ``V S^1/2`` of the binary
     user-item matrix of ``train_sequences`` (one list of item rows per user); zeros for an
     item no user has, and past the matrix's rank."""
     if dim < 1:
         raise ValueError(f"collaborative dim: must be >= 1, got {dim}")
-    pairs = sorted({(u, i) for u, seq in enumerate(train_sequences) for i in seq})
-    if any(not 0 <= i < num_items for _, i in pairs):
-        raise ValueError(f"train_sequences: item rows must lie in 0..{num_items - 1}")
     factors = torch.zeros(num_items, dim)
-    if not pairs:
+    matrix = interaction_matrix(train_sequences, num_items)
+    if matrix._nnz() == 0:
         return factors
-    index = torch.tensor(pairs, dtype=torch.int64).T  # [2, nnz]
-    matrix = torch.sparse_coo_tensor(index, torch.ones(index.shape[1]),
-                                     (len(train_sequences), num_items),
-                                     check_invariants=True).coalesce()
-    q = min(dim, len(train_sequences), num_items)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        _, s, v = torch.svd_lowrank(matrix, q=q, niter=niter)  # v: [num_items, q]
-    keep = s > s.max() * 1e-6
-    factors[:, : int(keep.sum())] = v[:, keep] * s[keep].sqrt()
+    s, v = interaction_svd(matrix, dim, niter, seed)
+    factors[:, : s.numel()] = v * s.sqrt()
     return torch.nn.functional.normalize(factors, dim=1)  # a zero row stays zero
 
 

@@ -115,7 +115,8 @@ def index_command(
                 index.meta[CODEBOOKS_KEY] = dataclasses.replace(
                     books, normalize="l2", collaborative=cf_dim,
                     encoder=encoder_spec(enc, encoder) if from_text else None).to_meta()
-                index.meta["collaborative_weight"] = collaborative
+                if cf_dim:
+                    index.meta["collaborative_weight"] = collaborative
         index.save(out)
     except INPUT_ERRORS as err:
         raise fail(err) from None

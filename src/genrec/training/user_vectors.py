@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from genrec.catalog.collaborative import interaction_matrix, interaction_svd
 from genrec.catalog.embeddings import load_embeddings, save_embeddings
 from genrec.data.split import training_sequences
 from genrec.utils.atomic import atomic_write_json
@@ -46,15 +47,11 @@ def svd_item_factors(
     if dim < 1:
         raise ValueError(f"user_dim must be >= 1, got {dim}")
     factors = torch.zeros(num_items, dim)
-    matrix = _binary(train_sequences, num_items)
+    matrix = interaction_matrix(train_sequences, num_items)
     if matrix._nnz() == 0:
         return factors
-    q = min(dim, len(train_sequences), num_items)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        _, s, v = torch.svd_lowrank(matrix, q=q, niter=niter)
-    keep = s > s.max() * 1e-6
-    factors[:, : int(keep.sum())] = v[:, keep] * s[keep].rsqrt()
+    s, v = interaction_svd(matrix, dim, niter, seed)
+    factors[:, : s.numel()] = v * s.rsqrt()
     norms = torch.sparse.mm(matrix, factors).norm(dim=1)
     return factors / norms[norms > 0].mean()
 
@@ -63,16 +60,7 @@ def fold_in(factors: torch.Tensor, histories: Sequence[Sequence[int]]) -> torch.
     """[len(histories), dim]: each history's vector, the sum of the factors of its distinct
     items (a user's SVD vector ``U S^1/2`` is exactly this for its training items); an empty
     history gives zeros."""
-    return torch.sparse.mm(_binary(histories, factors.shape[0]), factors)
-
-
-def _binary(histories: Sequence[Sequence[int]], num_items: int) -> torch.Tensor:
-    pairs = {(u, i) for u, seq in enumerate(histories) for i in seq}
-    if any(not 0 <= i < num_items for _, i in pairs):
-        raise ValueError(f"train_sequences: item ids must lie in 0..{num_items - 1}")
-    index = torch.tensor(sorted(pairs), dtype=torch.int64).reshape(-1, 2).T  # [2, nnz]
-    return torch.sparse_coo_tensor(index, torch.ones(index.shape[1]),
-                                   (len(histories), num_items), check_invariants=True).coalesce()
+    return torch.sparse.mm(interaction_matrix(histories, factors.shape[0]), factors)
 
 
 def svd_user_vectors(
