@@ -50,8 +50,12 @@ def test_index_train_eval_end_to_end(tmp_path: Path) -> None:
     out = invoke("train", "generative", "--data", data, "--index", tmp_path / "index.json",
                  "--out", run, "--epochs", "2", "--user-vectors", "svd", "--user-dim", "4",
                  *tiny)
-    assert "best epoch" in out
+    assert "best epoch" in out and f"final model {run}/model: " in out
     assert (run / "best" / "user_vectors.npy").is_file()
+    # the final model: epoch 1, 2 or their mean, whichever validated best; eval loads it
+    final = json.loads((run / "model.json").read_text())
+    assert final["chosen"] in ("epoch 1", "epoch 2", "mean of epochs 1-2")
+    assert len(final["candidates"]) == 2 and (run / "model" / "user_vectors.npy").is_file()
     assert json.loads((run / "train_args.json").read_text())["user_vectors"] == "svd"
     out = invoke("eval", "--model", run, "--data", data, "--json", tmp_path / "m.json",
                  "--beam-width", "10", "--users", "8", "--no-progress", "--device", "cpu")

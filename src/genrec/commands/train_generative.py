@@ -91,6 +91,10 @@ def train_generative(
     patience: Annotated[int, typer.Option(min=0, help="Early-stopping patience (0: off).")] = 5,
     keep_epochs: Annotated[bool, typer.Option(help="Also keep each epoch's weights in "
                                                    "OUT/epochs/NNN (for genrec average).")] = False,
+    average: Annotated[int, typer.Option(
+        min=0, help="The final model (OUT/model): the best validation epoch or the mean of the "
+                    "weights of epochs best-k..best+k for k up to this, whichever validates "
+                    "best (0: the best epoch).")] = 3,
     max_history: Annotated[int, typer.Option(min=1)] = 20,
     val_users: Annotated[int, typer.Option(min=0, help="Validation sample (0: none).")] = 2000,
     beam_width: Annotated[int, typer.Option(min=1)] = 20,
@@ -120,3 +124,7 @@ def train_generative(
         typer.echo(json.dumps(shown))
     typer.echo(f"epochs {result.epochs_done}; best epoch {result.best_epoch} "
                f"(val ndcg@10 {result.best_metric}); early stop: {result.stopped_early}")
+    if result.final is not None:
+        shown = "; ".join(f"{c['model']} {c['ndcg@10']}" for c in result.final["candidates"])
+        typer.echo(f"final model {config.out}/model: {result.final['chosen']} (val ndcg@10: "
+                   f"{shown})")

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from genrec.model.checkpoint import save_model
-from genrec.training.run_layout import BEST, EPOCHS, LAST
+from genrec.model.checkpoint import load_model, save_model
+from genrec.training.run_layout import BEST, EPOCHS, LAST, MODEL
 from genrec.utils.atomic import atomic_write
 
 STATE_FILE = "train_state.pt"
@@ -31,14 +31,23 @@ def swap_in(src: Path, dst: Path) -> None:
 
 def recover(out: Path) -> None:
     """Finish a swap a crash interrupted; drop half-written temporary folders."""
-    for name in (LAST, BEST):
+    for name in (LAST, BEST, MODEL):
         old, dst = out / f".{name}.old", out / name
         if old.exists() and not dst.exists():
             os.replace(old, dst)
         shutil.rmtree(old, ignore_errors=True)
         shutil.rmtree(out / f".{name}.tmp", ignore_errors=True)
-    for tmp in (out / EPOCHS).glob(".*.tmp"):
+    for tmp in [*(out / EPOCHS).glob(".*.tmp"), *out.glob(f".{MODEL}-*.tmp")]:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_weights(model: nn.Module, folder: Path) -> None:
+    """Load checkpoint ``folder``'s weights into ``model`` (its own ``load_weights``, else the
+    HF layout)."""
+    if hasattr(model, "load_weights"):
+        model.load_weights(folder)
+    else:
+        model.load_state_dict(load_model(folder).state_dict())
 
 
 def write_checkpoint(model: nn.Module, task: Any, out: Path, payload: dict) -> None:

@@ -67,6 +67,7 @@ class GenerativeTrainConfig:
     dropout: float | None = None
     patience: int = 5
     keep_epochs: bool = False
+    average: int = 3
     max_history: int = 20
     val_users: int = 2000
     beam_width: int = 20
@@ -223,6 +224,7 @@ def train_generative(
     loop = LoopConfig(epochs=recipe["epochs"], lr=c.lr, weight_decay=c.weight_decay,
                       warmup_ratio=c.warmup_ratio, grad_clip=c.grad_clip, patience=c.patience,
                       seed=c.seed, progress=c.progress, keep_epochs=c.keep_epochs,
+                      average=c.average,
                       grad_accum=c.grad_accum, precision=c.precision,
                       sharding="fsdp" if c.fsdp else "none")
     result = fit(model.to(dev), task, c.out, loop, resume=c.resume)

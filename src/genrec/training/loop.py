@@ -6,8 +6,11 @@ Output folder layout::
     out/last/   model (config.json, *.safetensors), the task's extras, train_state.pt
     out/best/   the same for the epoch with the best validation metric so far
     out/history.json   one entry per finished epoch
-    out/epochs/NNN/    with ``keep_epochs``: each epoch's model and extras (no train state),
-                       for checkpoint averaging (``genrec average``)
+    out/epochs/NNN/    each epoch's model and extras (no train state): all of them with
+                       ``keep_epochs`` (for ``genrec average``), else those ``average`` needs
+    out/model/  the final model, out/model.json how it was chosen: the best epoch, or with
+                ``average`` the mean of the epochs around it if that validates better
+                (:mod:`genrec.training.final_model`)
 
 A checkpoint folder is written in full under a hidden temporary name, then swapped in with
 renames, so ``last/`` and ``best/`` always hold one complete epoch. ``train_state.pt`` holds the
@@ -18,6 +21,7 @@ epoch, step, best metric, early-stopping counter, history and RNG states.
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +31,11 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from genrec.model.checkpoint import load_model
 from genrec.training.checkpoints import (
     LAST,
     STATE_FILE,
     keep_epoch,
+    load_weights,
     publish_best,
     recover,
     rng_state,
@@ -40,7 +44,9 @@ from genrec.training.checkpoints import (
 )
 from genrec.training.distributed import World, current_world
 from genrec.training.epoch import adamw, run_epoch
+from genrec.training.final_model import finish_run, prune_epochs
 from genrec.training.loop_types import LoopConfig, TrainTask
+from genrec.training.run_layout import EPOCHS
 from genrec.training.sharding import TrainModel, train_model
 from genrec.utils.atomic import atomic_write_json
 
@@ -59,6 +65,7 @@ class FitResult:
     best_metric: float | None
     stopped_early: bool
     history: list[dict] = field(default_factory=list)
+    final: dict[str, Any] | None = None  # how OUT/model was chosen (OUT/model.json)
 
 
 def warmup_cosine(step: int, total: int, warmup: int, min_ratio: float) -> float:
@@ -83,8 +90,8 @@ def fit(
     its shard of each batch (the task must implement ``shard``); rank 0 validates and writes.
     With ``config.sharding`` "fsdp" the ranks also shard the weights, gradients and optimizer
     state (FSDP2, :mod:`genrec.training.sharding`), and ``model`` is left sharded: the trained
-    weights are those of ``out_dir/last``. Every rank leaves the process group when the run
-    ends.
+    weights are those of ``out_dir/last``. Without FSDP ``model`` ends with the final model's
+    weights (``out_dir/model``). Every rank leaves the process group when the run ends.
     """
     cfg = config or LoopConfig()
     cfg.validate()
@@ -107,9 +114,16 @@ def fit(
         if cfg.progress and world.main:
             shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in entry.items()}
             tqdm.write(str(shown))
+    final = None
+    if train.view is not None:
+        final = finish_run(train.view, out, cfg.average, cfg.monitor, state, task.validate,
+                           load_weights)
+        if not cfg.keep_epochs:
+            shutil.rmtree(out / EPOCHS, ignore_errors=True)
+    world.barrier()
     world.close()
     return FitResult(state["epoch"], state["best_epoch"], state["best_metric"], state["stopped"],
-                     state["history"])
+                     state["history"], final)
 
 
 def _start(model: nn.Module, out: Path, cfg: LoopConfig, world: World, resume: bool
@@ -129,10 +143,7 @@ def _start(model: nn.Module, out: Path, cfg: LoopConfig, world: World, resume: b
         torch.manual_seed(cfg.seed)
         return dict(FRESH_STATE, history=[]), None
     saved = torch.load(state_file, map_location="cpu", weights_only=True)
-    if hasattr(model, "load_weights"):
-        model.load_weights(out / LAST)
-    else:
-        model.load_state_dict(load_model(out / LAST).state_dict())
+    load_weights(model, out / LAST)
     state = {k: saved[k] for k in FRESH_STATE}
     # a resumed run stops early under the patience it is given now (0: never)
     state["stopped"] = cfg.patience > 0 and state["bad_epochs"] >= cfg.patience
@@ -198,8 +209,10 @@ def _checkpoint(train: TrainModel, task: TrainTask, out: Path, cfg: LoopConfig,
     payload = {**state, "optimizer": optimizer_state,
                "scheduler": scheduler.state_dict(), "rng": rng_state()}
     write_checkpoint(train.view, task, out, payload)
-    if cfg.keep_epochs:
+    if cfg.keep_epochs or cfg.average:
         keep_epoch(out, state["epoch"])
+    if cfg.average and not cfg.keep_epochs:
+        prune_epochs(out, state["best_epoch"], cfg.average)
     if improved:
         publish_best(out)
     atomic_write_json(out / HISTORY_FILE, state["history"])

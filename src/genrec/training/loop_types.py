@@ -43,6 +43,9 @@ class LoopConfig:
     seed: int = 0
     progress: bool = True
     keep_epochs: bool = False  # also keep every epoch's weights under out/epochs/NNN
+    # the final model: the best epoch or the mean of epochs best-k..best+k (k <= average),
+    # whichever validates best (0: the best epoch)
+    average: int = 0
     grad_accum: int = 1  # batches per optimizer step (their mean gradient)
     precision: str = "fp32"  # fp32 | bf16 (autocast; fp32 master weights and optimizer)
     sharding: str = "none"  # none | fsdp (FSDP2 over the ranks: genrec.training.sharding)
@@ -53,6 +56,7 @@ class LoopConfig:
             "epochs": self.epochs >= 1, "lr": self.lr > 0, "weight_decay": self.weight_decay >= 0,
             "warmup_ratio": 0 <= self.warmup_ratio < 1, "min_lr_ratio": 0 <= self.min_lr_ratio <= 1,
             "grad_clip": self.grad_clip >= 0, "patience": self.patience >= 0,
+            "average": self.average >= 0,
             "grad_accum": self.grad_accum >= 1, "precision": self.precision in ("fp32", "bf16"),
             "sharding": self.sharding in SHARDINGS,
         }
