@@ -70,7 +70,7 @@ def test_every_user_in_the_tables_ids(trained: tuple[Path, Path, dict], tmp_path
     assert f"{N_USERS} users in" in printed and "users/s" in printed
     lines = read_lines(out)
     assert [line["user_id"] for line in lines] == sorted(histories)
-    engine = Engine.from_pretrained(run / "best")
+    engine = Engine.from_pretrained(run / "model")  # the run's final model, its item weight
     ids = engine.vocab.index.item_ids
     for line in lines:
         history = histories[line["user_id"]]

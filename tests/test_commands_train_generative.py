@@ -56,12 +56,18 @@ def test_index_train_eval_end_to_end(tmp_path: Path) -> None:
     final = json.loads((run / "model.json").read_text())
     assert final["chosen"] in ("epoch 1", "epoch 2", "mean of epochs 1-2")
     assert len(final["candidates"]) == 2 and (run / "model" / "user_vectors.npy").is_file()
+    # ... and its item weight, chosen on validation, saved with it and ranked with by eval
+    assert sorted(map(float, final["item_weights"])) == [1.0, 2.0, 3.0, 5.0, 10.0, 20.0]
+    assert final["item_weights"][str(final["item_weight"])] == max(final["item_weights"].values())
+    saved = json.loads((run / "model" / "generation_config.json").read_text())
+    assert saved == {"item_weight": final["item_weight"]} and "item weight" in out
     assert json.loads((run / "train_args.json").read_text())["user_vectors"] == "svd"
     out = invoke("eval", "--model", run, "--data", data, "--json", tmp_path / "m.json",
                  "--beam-width", "10", "--users", "8", "--no-progress", "--device", "cpu")
     metrics = json.loads((tmp_path / "m.json").read_text())
     assert {"recall@5", "ndcg@5", "recall@10", "ndcg@10", "n_users", "beam_width",
             "wall_seconds"} <= set(metrics)
+    assert metrics["item_weight"] == final["item_weight"]
     assert metrics["n_users"] == 8 and "ndcg@10" in out
     # popularity on the same 8 users beside the model, in the output and the JSON
     from genrec.data import load_json_dataset

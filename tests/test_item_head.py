@@ -13,6 +13,12 @@ from search_reference import exhaustive_top
 from genrec import BeamParams, Engine, EngineConfig
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.engine import RowRequest
+from genrec.engine.params import (
+    DEFAULT_ITEM_WEIGHT,
+    GENERATION_CONFIG,
+    save_item_weight,
+    saved_item_weight,
+)
 from genrec.model import load_model, save_model
 from genrec.model.item_head import ItemHead, combine, pick
 from genrec.model.registry import build_model
@@ -304,3 +310,26 @@ def test_item_loss_weight_scales_the_heads_share_of_the_loss() -> None:
                                                    3.0).item())
     with pytest.raises(ValueError, match="item_loss_weight"):
         GenerativeTask(vocab, [[1, 2, 3, 4]], item_loss_weight=0.0)
+
+
+def test_the_weight_saved_with_a_model_is_its_default(tmp_path) -> None:
+    engine = _engine()
+    save_model(engine.model, tmp_path)
+    engine.vocab.save(tmp_path)
+    assert saved_item_weight(tmp_path) is None
+    assert Engine.from_pretrained(tmp_path).item_weight == DEFAULT_ITEM_WEIGHT
+    save_item_weight(tmp_path, 0.25)
+    assert saved_item_weight(tmp_path) == 0.25
+    loaded = Engine.from_pretrained(tmp_path)
+    assert loaded.item_weight == 0.25
+    params = dict(beam_width=N_ITEMS, n=5)
+    default = loaded.recommend_rows(REQUESTS, BeamParams(**params))
+    assert default == loaded.recommend_rows(REQUESTS, BeamParams(**params, item_weight=0.25))
+    assert default != loaded.recommend_rows(REQUESTS, BeamParams(**params, item_weight=3.0))
+    # an engine config's own weight wins over the saved one
+    mine = Engine.from_pretrained(tmp_path, config=EngineConfig(soft_token_id=SOFT_ID,
+                                                                item_weight=3.0))
+    assert mine.item_weight == 3.0
+    (tmp_path / GENERATION_CONFIG).write_text('{"item_weight": -1}')
+    with pytest.raises(ValueError, match="item_weight"):
+        Engine.from_pretrained(tmp_path)

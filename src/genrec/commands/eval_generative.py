@@ -55,9 +55,10 @@ def eval_command(
     mask_history: Annotated[bool, typer.Option(
         help="Generative models: never recommend an item the user already has (the model and "
              "popularity alike).")] = False,
-    item_weight: Annotated[float, typer.Option(
+    item_weight: Annotated[float | None, typer.Option(
         min=0.0, help="Generative models with an item head: weight of its log-probability in "
-                      "the ranking of the proposals (0: Semantic IDs alone).")] = 3.0,
+                      "the ranking of the proposals (0: Semantic IDs alone; default: the "
+                      "model's own, chosen on validation when trained, else 3).")] = None,
     head_proposals: Annotated[int | None, typer.Option(
         min=0, help="Generative models with an item head: the head's own proposals per user, "
                     "pooled with the beam's (default: --beam-width).")] = None,
@@ -106,7 +107,9 @@ def eval_command(
     metrics["wall_seconds"] = metrics.pop("seconds")
     metrics["split"] = split
     metrics["history_masked"] = mask_history
-    metrics["item_weight"] = item_weight
+    # the weight used: given, else the model's own (an ensemble's members: each its own)
+    metrics["item_weight"] = item_weight if item_weight is not None else getattr(
+        engine, "item_weight", None)
     metrics["head_proposals"] = head_proposals
     metrics["models"] = [str(m) for m in [model, *(ensemble or [])]]
     keys = ("recall@5", "ndcg@5", "recall@10", "ndcg@10")

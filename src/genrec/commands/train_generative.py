@@ -95,6 +95,10 @@ def train_generative(
         min=0, help="The final model (OUT/model): the best validation epoch or the mean of the "
                     "weights of epochs best-k..best+k for k up to this, whichever validates "
                     "best (0: the best epoch).")] = 3,
+    choose_item_weight: Annotated[bool, typer.Option(
+        help="With the item head: validate the final model ranked with the item weights 1, 2, "
+             "3, 5, 10 and 20 and save the best with it (eval, serve and recommend rank with "
+             "it unless given --item-weight).")] = True,
     max_history: Annotated[int, typer.Option(min=1)] = 20,
     val_users: Annotated[int, typer.Option(min=0, help="Validation sample (0: none).")] = 2000,
     beam_width: Annotated[int, typer.Option(min=1)] = 20,
@@ -128,3 +132,7 @@ def train_generative(
         shown = "; ".join(f"{c['model']} {c['ndcg@10']}" for c in result.final["candidates"])
         typer.echo(f"final model {config.out}/model: {result.final['chosen']} (val ndcg@10: "
                    f"{shown})")
+        if "item_weight" in result.final:
+            shown = "; ".join(f"{w} {v:.4f}" for w, v in result.final["item_weights"].items())
+            typer.echo(f"item weight {result.final['item_weight']} (val ndcg@10 by weight: "
+                       f"{shown})")

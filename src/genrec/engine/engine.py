@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ from genrec.engine.engine_config import EngineConfig
 from genrec.engine.inputs import InputError, Part, build_input_embeds
 from genrec.engine.item_ranking import rank_with_head
 from genrec.engine.memory import take_budget
-from genrec.engine.params import BeamParams, ScoreParams
+from genrec.engine.params import DEFAULT_ITEM_WEIGHT, BeamParams, ScoreParams, saved_item_weight
 from genrec.engine.request_ids import ServedCatalog, to_ids, to_rows
 from genrec.engine.requests import (
     Recommendation,
@@ -92,10 +93,14 @@ class Engine:
         device: str | torch.device = "cpu", config: EngineConfig | None = None,
     ) -> Engine:
         """Load a checkpoint directory (strictly) onto ``device`` in ``dtype``; a generative
-        model's Semantic-ID vocabulary saved beside it is loaded too."""
+        model's Semantic-ID vocabulary saved beside it is loaded too, and its item weight
+        (``generation_config.json``) where ``config`` sets none."""
         vocab = SidVocab.load(path) if SidVocab.exists(path) else None
         if vocab is not None and config is None:
             config = EngineConfig(soft_token_id=vocab.soft_id)
+        config = config or EngineConfig()
+        if config.item_weight is None:
+            config = dataclasses.replace(config, item_weight=saved_item_weight(path))
         return cls(load_model(path, dtype=dtype, device=device), config=config, vocab=vocab)
 
     @property
@@ -179,9 +184,18 @@ class Engine:
             raise ValueError("this engine has no Semantic-ID vocabulary (not a generative model)")
         params = params or BeamParams()
         params.validate()
+        if params.item_weight is None:
+            params = dataclasses.replace(params, item_weight=self.item_weight)
         if not requests:
             raise InputError("requests: empty request list")
         return prepare_search(requests, params, catalog, self._limits(self.item_table))
+
+    @property
+    def item_weight(self) -> float:
+        """The item head's weight in ranking for requests that give none
+        (:attr:`EngineConfig.item_weight`, else :data:`DEFAULT_ITEM_WEIGHT`)."""
+        w = self.config.item_weight
+        return DEFAULT_ITEM_WEIGHT if w is None else w
 
     def run_recommend(self, prepared: PreparedSearch) -> list[RowRecommendation]:
         """The search of a :meth:`prepare_recommend` batch (one at a time per engine); a

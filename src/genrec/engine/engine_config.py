@@ -26,7 +26,10 @@ class EngineConfig:
     CPU), or ``memory_budget_bytes`` where given; requests are admitted against it.
     ``score_runners``: scoring batches whose
     candidates have one length run on fixed grids (``genrec.engine.score_runner``; captured
-    too with ``cuda_graphs``); default: on CUDA only.
+    too with ``cuda_graphs``); default: on CUDA only. ``item_weight``: the item head's weight
+    in ranking for requests that give none (``BeamParams.item_weight``); default: the one
+    saved with the model (``generation_config.json``, chosen on validation when trained),
+    else :data:`genrec.engine.params.DEFAULT_ITEM_WEIGHT`.
     """
 
     max_batch_tokens: int = 65536
@@ -39,3 +42,4 @@ class EngineConfig:
     memory_fraction: float = 0.8
     memory_budget_bytes: int | None = None
     score_runners: bool | None = None
+    item_weight: float | None = None

@@ -29,7 +29,7 @@ import torch
 
 from genrec.engine.engine import Engine
 from genrec.engine.item_ranking import head_log_probs, sid_logprobs, with_head
-from genrec.engine.params import DEFAULT_ITEM_WEIGHT, BeamParams
+from genrec.engine.params import BeamParams
 from genrec.engine.requests import RowRecommendation, RowRequest
 from genrec.engine.retrieval import PreparedSearch, prompts_of
 from genrec.live_catalog.state import CatalogState
@@ -103,15 +103,13 @@ class Ensemble:
         member, as :meth:`Engine.prepare_recommend`); :meth:`run_recommend` runs it."""
         params = params or BeamParams()
         params.validate()
-        wide = BeamParams(beam_width=params.beam_width, n=params.beam_width,
-                          item_weight=params.item_weight, head_proposals=params.head_proposals)
-        first = self.engines[0].prepare_recommend(requests, wide, catalog)
+        first = self.engines[0].prepare_recommend(requests, _wide(params), catalog)
         return PreparedEnsemble(list(requests), params, catalog, first)
 
     def run_recommend(self, prepared: PreparedEnsemble) -> list[RowRecommendation]:
         """The searches and the scoring of a :meth:`prepare_recommend` batch."""
         requests, params, catalog = prepared.requests, prepared.params, prepared.catalog
-        wide = prepared.first.params
+        wide = _wide(params)  # each member ranks with its own item weight unless one is given
         pools: list[dict[int, None]] = [{} for _ in requests]
         for k, engine in enumerate(self.engines):
             recs = (engine.run_recommend(prepared.first) if k == 0
@@ -136,12 +134,14 @@ class Ensemble:
     @staticmethod
     def member_scores(engine: Engine, requests: Sequence[RowRequest],
                       items: Sequence[Sequence[int]], catalog: CatalogState | None = None,
-                      item_weight: float = DEFAULT_ITEM_WEIGHT) -> list[torch.Tensor]:
+                      item_weight: float | None = None) -> list[torch.Tensor]:
         """One member's score of each request's ``items`` [len(items[r])]: its log-probability
         by multi-item scoring (one request per user, the prompt computed once), plus
-        ``item_weight`` times its item head's log-probability where it has one
-        (as :mod:`genrec.engine.item_ranking` ranks)."""
+        ``item_weight`` (None: the member's own, :attr:`Engine.item_weight`) times its item
+        head's log-probability where it has one (as :mod:`genrec.engine.item_ranking`
+        ranks)."""
         catalog = catalog if catalog is not None else engine.catalog
+        item_weight = engine.item_weight if item_weight is None else item_weight
         sid = sid_logprobs(engine.score_requests, requests, items, catalog)
         if engine.model.item_head is None or not item_weight or not any(items):
             return sid
@@ -151,3 +151,9 @@ class Ensemble:
         with torch.no_grad():
             logp = head_log_probs(engine.model, engine.embed(batch), batch).cpu()
         return with_head(sid, logp, items, item_weight)
+
+
+def _wide(params: BeamParams) -> BeamParams:
+    # what each member searches: beam_width proposals, ranked by the member itself
+    return BeamParams(beam_width=params.beam_width, n=params.beam_width,
+                      item_weight=params.item_weight, head_proposals=params.head_proposals)

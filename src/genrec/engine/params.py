@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
+
+from genrec.utils.atomic import atomic_write_json
 
 ScoreMode = Literal["labels", "loglik", "head"]
 
@@ -40,8 +44,32 @@ class ScoreParams:
 MAX_BEAM_WIDTH = 1024
 
 
-# the head's weight chosen on validation (amazon18-scientific, amazon14-beauty: docs/results.md)
+# the head's weight of a model that saved none (amazon18-scientific, amazon14-beauty:
+# docs/results.md); training chooses each model's own on validation
 DEFAULT_ITEM_WEIGHT = 3.0
+# a checkpoint's ranking defaults, as HF keeps generation defaults beside config.json
+GENERATION_CONFIG = "generation_config.json"
+
+
+def saved_item_weight(folder: str | Path) -> float | None:
+    """The item weight a checkpoint folder's ``generation_config.json`` holds (None: none)."""
+    path = Path(folder) / GENERATION_CONFIG
+    if not path.is_file():
+        return None
+    value = json.loads(path.read_text()).get("item_weight")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:
+        raise ValueError(f"{path}: item_weight must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def save_item_weight(folder: str | Path, weight: float) -> None:
+    """Record ``weight`` as the checkpoint's item weight (``generation_config.json``, other
+    keys kept; written atomically)."""
+    path = Path(folder) / GENERATION_CONFIG
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    atomic_write_json(path, data | {"item_weight": float(weight)})
 
 
 @dataclass
@@ -50,11 +78,12 @@ class BeamParams:
     ``item_weight``: for a model with an item head, the beam's proposals, pooled with the
     head's ``head_proposals`` best items (default: ``beam_width``; 0: none), are ranked by
     ``log p(Semantic IDs) + item_weight * log p_head(item)`` (0: the Semantic IDs alone, the
-    beam's order). See :mod:`genrec.engine.item_ranking`."""
+    beam's order; None: the engine's, by default the model's own). See
+    :mod:`genrec.engine.item_ranking`."""
 
     beam_width: int = 20
     n: int = 10
-    item_weight: float = DEFAULT_ITEM_WEIGHT
+    item_weight: float | None = None
     head_proposals: int | None = None
 
     def validate(self) -> None:
@@ -66,8 +95,9 @@ class BeamParams:
             raise ValueError(f"beam_width {self.beam_width} is over the limit of {MAX_BEAM_WIDTH}")
         if self.n > self.beam_width:
             raise ValueError(f"n ({self.n}) must not exceed beam_width ({self.beam_width})")
-        if isinstance(self.item_weight, bool) or not isinstance(self.item_weight, (int, float)) \
-                or not 0.0 <= self.item_weight < float("inf"):
+        w = self.item_weight
+        if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float))
+                              or not 0.0 <= w < float("inf")):
             raise ValueError(f"item_weight must be a finite number >= 0, got {self.item_weight!r}")
         h = self.head_proposals
         if h is not None and (isinstance(h, bool) or not isinstance(h, int) or not

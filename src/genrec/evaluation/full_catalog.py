@@ -21,7 +21,6 @@ from tqdm.auto import tqdm
 
 from genrec.data.split import Example, leave_one_out, training_sequences
 from genrec.engine import BeamParams, Engine, RowRequest
-from genrec.engine.params import DEFAULT_ITEM_WEIGHT
 from genrec.evaluation.topk_metrics import ranking_metrics, target_ranks
 
 if TYPE_CHECKING:
@@ -35,13 +34,14 @@ def evaluate_generative(
     user_vectors: torch.Tensor | None = None,
     beam_width: int = DEFAULT_BEAM_WIDTH, ks: Sequence[int] = (5, 10), batch_size: int = 128,
     progress: bool = False, exclude: Sequence[Sequence[int]] | None = None,
-    item_weight: float = DEFAULT_ITEM_WEIGHT, head_proposals: int | None = None,
+    item_weight: float | None = None, head_proposals: int | None = None,
 ) -> dict[str, float]:
     """Recall@k / NDCG@k (k in ``ks``) of ``engine`` (or an ensemble) on ``examples``.
 
     ``user_vectors`` [num_users, user_dim] (indexed by ``Example.user``) feed the soft token.
     ``exclude[i]``: items never to recommend for ``examples[i]`` (e.g. :func:`full_histories`).
-    ``item_weight``, ``head_proposals``: see :class:`BeamParams` (models with an item head).
+    ``item_weight`` (None: the engine's, by default the model's own), ``head_proposals``: see
+    :class:`BeamParams` (models with an item head).
     Returns ``{"recall@5", "ndcg@5", "recall@10", "ndcg@10", "n_users", "beam_width"}``.
     """
     if not examples:
@@ -103,7 +103,7 @@ def evaluate_split(
     split: Literal["val", "test"] = "test",
     user_vectors: torch.Tensor | None = None, beam_width: int = DEFAULT_BEAM_WIDTH,
     users: int | None = None, seed: int = 0, batch_size: int = 128, progress: bool = False,
-    mask_history: bool = False, item_weight: float = DEFAULT_ITEM_WEIGHT,
+    mask_history: bool = False, item_weight: float | None = None,
     head_proposals: int | None = None,
 ) -> dict[str, float]:
     """:func:`evaluate_generative` on a leave-one-out split of ``sequences`` (full per-user

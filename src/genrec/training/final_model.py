@@ -31,6 +31,9 @@ SUMMARY_FILE = "model.json"
 Validate = Callable[[nn.Module], dict[str, float] | None]
 # load a checkpoint folder's weights into a model
 LoadInto = Callable[[nn.Module, Path], None]
+# a task's last word on the final model (given with its folder, before it is published): what
+# to add to the summary (e.g. a ranking setting chosen on validation, saved in the folder)
+Refine = Callable[[nn.Module, Path], dict[str, Any]]
 
 
 def epoch_folder(out: Path, epoch: int) -> Path:
@@ -65,9 +68,11 @@ def _label(epochs: list[int]) -> str:
 
 
 def finish_run(model: nn.Module, out: Path, window: int, monitor: str, state: dict[str, Any],
-               validate: Validate, load_into: LoadInto) -> dict[str, Any]:
+               validate: Validate, load_into: LoadInto, refine: Refine | None = None
+               ) -> dict[str, Any]:
     """Choose and write the run's final model (``OUT/model``, ``OUT/model.json``) and leave
-    ``model`` holding its weights; returns the summary written to ``model.json``.
+    ``model`` holding its weights; returns the summary written to ``model.json``, with what
+    ``refine`` (called with the chosen model and its folder before it is published) adds.
 
     ``state``: the loop's (``epoch``, ``best_epoch``, ``best_metric``). Without validation
     metrics the best epoch (the last one) is the final model. A summary of the same finished
@@ -102,9 +107,10 @@ def finish_run(model: nn.Module, out: Path, window: int, monitor: str, state: di
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(out / BEST, tmp, ignore=shutil.ignore_patterns(STATE_FILE))
         chosen_folder = tmp
+    load_into(model, chosen_folder)
+    extra = refine(model, chosen_folder) if refine is not None else {}
     swap_in(chosen_folder, out / MODEL)
     summary = {"epoch": state["epoch"], "chosen": chosen["model"], "monitor": monitor,
-               "candidates": candidates}
+               "candidates": candidates, **extra}
     atomic_write_json(summary_file, summary)
-    load_into(model, out / MODEL)
     return summary

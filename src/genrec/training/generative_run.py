@@ -68,6 +68,7 @@ class GenerativeTrainConfig:
     patience: int = 5
     keep_epochs: bool = False
     average: int = 3
+    choose_item_weight: bool = True
     max_history: int = 20
     val_users: int = 2000
     beam_width: int = 20
@@ -214,6 +215,7 @@ def train_generative(
         progress=c.progress, item_factors=factors, extra_files=files,
         mask_history=c.mask_history, val_exclude=full_histories(ds.sequences, val, "val"),
         item_loss_weight=c.item_loss_weight,
+        item_weights=gen.ITEM_WEIGHTS if c.choose_item_weight else (),
     )
     if main:
         write_train_args(c.out, args, c.resume)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from genrec.data.split import Example
 from genrec.engine import Engine, EngineConfig
 from genrec.engine.inputs import PackedInputs, build_input_embeds
+from genrec.engine.params import DEFAULT_ITEM_WEIGHT, save_item_weight
 from genrec.model.config import ModelConfig
 from genrec.model.decoder import DecoderLM
 from genrec.model.item_head import item_loss
@@ -27,6 +28,8 @@ from genrec.training.seen_items import seen_matrix
 from genrec.training.windows import IGNORE, TrainBatch, make_windows, token_batches, window_tokens
 from genrec.vocab.sid_vocab import SidVocab
 
+# the item weights a finished run's final model is validated with (the best is saved with it)
+ITEM_WEIGHTS = (1.0, 2.0, 3.0, 5.0, 10.0, 20.0)
 
 def batch_loss(model: DecoderLM, batch: TrainBatch, vocab: SidVocab | None = None,
                item_weight: float = 1.0) -> torch.Tensor:
@@ -78,6 +81,8 @@ class GenerativeTask:
     each user's earlier items (:mod:`genrec.training.seen_items`) and validation never
     recommends them (``val_exclude``: per validation example, the items to exclude).
     ``item_loss_weight``: the item head's cross-entropy's weight beside the Semantic IDs'.
+    ``item_weights``: the ranking weights :meth:`finish` chooses from on validation (empty:
+    none chosen, the engine's default).
     """
 
     def __init__(
@@ -89,7 +94,7 @@ class GenerativeTask:
         item_factors: torch.Tensor | None = None,
         texts: Sequence[Sequence[int]] | None = None, extra_files: dict[str, bytes] | None = None,
         mask_history: bool = False, val_exclude: Sequence[Sequence[int]] | None = None,
-        item_loss_weight: float = 1.0,
+        item_loss_weight: float = 1.0, item_weights: Sequence[float] = ITEM_WEIGHTS,
     ) -> None:
         self.vocab, self.user_vectors = vocab, user_vectors
         self.batch_tokens, self.seed = batch_tokens, seed
@@ -101,7 +106,7 @@ class GenerativeTask:
         self.mask_history, self.val_exclude = mask_history, val_exclude
         if not item_loss_weight > 0:
             raise ValueError(f"item_loss_weight must be > 0, got {item_loss_weight}")
-        self.item_loss_weight = item_loss_weight
+        self.item_loss_weight, self.item_weights = item_loss_weight, tuple(item_weights)
         if val_exclude is not None and len(val_exclude) != len(self.val_examples):
             raise ValueError(f"val_exclude: {len(val_exclude)} lists for "
                              f"{len(self.val_examples)} validation examples")
@@ -188,8 +193,10 @@ class GenerativeTask:
             return None, 0.0
         return part, mine / int((batch.labels != IGNORE).sum())
 
-    def validate(self, model: DecoderLM) -> dict[str, float] | None:
-        """Recall/NDCG@5/10 on the validation examples; None when there are none."""
+    def validate(self, model: DecoderLM, item_weight: float | None = None
+                 ) -> dict[str, float] | None:
+        """Recall/NDCG@5/10 on the validation examples (ranked with ``item_weight``, None: the
+        engine's default); None when there are none."""
         from genrec.evaluation.full_catalog import evaluate_generative
 
         if not self.val_examples:
@@ -200,8 +207,21 @@ class GenerativeTask:
         return evaluate_generative(
             self._engine, self.val_examples, self.user_vectors, beam_width=self.beam_width,
             batch_size=self.val_batch_size, progress=self.progress,
-            exclude=self.val_exclude if self.mask_history else None,
+            exclude=self.val_exclude if self.mask_history else None, item_weight=item_weight,
         )
+
+    def finish(self, model: DecoderLM, folder: Path) -> dict:
+        """For a model with an item head: validate the run's final ``model`` (saved in
+        ``folder``) ranked with each of ``item_weights``, save the best by NDCG@10 in the
+        folder's ``generation_config.json`` (what the engine then ranks with by default; a
+        tie keeps :data:`DEFAULT_ITEM_WEIGHT`) and return ``{"item_weight": best,
+        "item_weights": {weight: NDCG@10}}``; ``{}`` otherwise."""
+        if model.item_head is None or not self.val_examples or not self.item_weights:
+            return {}
+        ndcg = {w: self.validate(model.eval(), w)["ndcg@10"] for w in self.item_weights}
+        best = max(ndcg, key=lambda w: (ndcg[w], w == DEFAULT_ITEM_WEIGHT))
+        save_item_weight(folder, best)
+        return {"item_weight": best, "item_weights": {str(w): v for w, v in ndcg.items()}}
 
     def save_extra(self, directory: Path) -> None:
         """The SidVocab (the user vectors, when used, and the extra files) beside the model
