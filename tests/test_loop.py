@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,23 @@ def test_bf16_autocast_trains_fp32_master_weights(tmp_path: Path) -> None:
         LoopConfig(precision="fp8").validate()
     with pytest.raises(ValueError, match="grad_accum"):
         LoopConfig(grad_accum=0).validate()
+
+
+def test_a_resume_completes_what_a_crash_after_the_checkpoint_left_undone(
+        tmp_path: Path) -> None:
+    task = ScriptedTask([0.1, 0.3])
+    cfg = LoopConfig(epochs=2, lr=1e-2, patience=0, progress=False, keep_epochs=True)
+    fit(model_for(task), task, tmp_path, cfg)
+    # a crash right after epoch 2's last/ was swapped in: no copy, best/ and history behind
+    shutil.rmtree(tmp_path / "epochs" / "002")
+    shutil.rmtree(tmp_path / BEST)
+    shutil.copytree(tmp_path / "epochs" / "001", tmp_path / BEST)
+    history = json.loads((tmp_path / "history.json").read_text())
+    (tmp_path / "history.json").write_text(json.dumps(history[:1]))
+    again = ScriptedTask([])
+    fit(model_for(again), again, tmp_path, cfg, resume=True)
+    assert json.loads((tmp_path / "history.json").read_text()) == history
+    assert (tmp_path / "epochs" / "002" / "config.json").is_file()
+    best, last = load_model(tmp_path / BEST).state_dict(), load_model(tmp_path / LAST).state_dict()
+    assert all(torch.equal(best[k], last[k]) for k in last)
+    assert torch.load(tmp_path / BEST / STATE_FILE, weights_only=True)["epoch"] == 2

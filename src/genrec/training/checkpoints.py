@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from genrec.model.checkpoint import load_model, save_model
-from genrec.training.run_layout import BEST, EPOCHS, LAST, MODEL
-from genrec.utils.atomic import atomic_write
+from genrec.training.run_layout import BEST, EPOCHS, HISTORY, LAST, MODEL
+from genrec.utils.atomic import atomic_write, atomic_write_json
 
 STATE_FILE = "train_state.pt"
 
@@ -79,6 +79,18 @@ def publish_best(out: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(out / LAST, tmp)
     swap_in(tmp, out / BEST)
+
+
+def complete_epoch(out: Path, state: dict[str, Any], keep: bool) -> None:
+    """Finish what a crash after ``out/last`` was swapped in may have left undone for its
+    epoch (``state``: the loop's, read from ``out/last``): the epoch's kept copy (``keep``),
+    ``best/`` when the epoch was the best, and ``history.json``."""
+    epoch = state["epoch"]
+    if keep and not (out / EPOCHS / f"{epoch:03d}" / "config.json").is_file():
+        keep_epoch(out, epoch)
+    if state["best_epoch"] == epoch:
+        publish_best(out)
+    atomic_write_json(out / HISTORY, state["history"])
 
 
 def rng_state() -> dict:

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 from genrec.training.checkpoints import (
     LAST,
     STATE_FILE,
+    complete_epoch,
     keep_epoch,
     load_weights,
     publish_best,
@@ -46,11 +47,10 @@ from genrec.training.distributed import World, current_world
 from genrec.training.epoch import adamw, run_epoch
 from genrec.training.final_model import finish_run, prune_epochs
 from genrec.training.loop_types import LoopConfig, TrainTask
-from genrec.training.run_layout import EPOCHS
+from genrec.training.run_layout import EPOCHS, HISTORY
 from genrec.training.sharding import TrainModel, train_model
 from genrec.utils.atomic import atomic_write_json
 
-HISTORY_FILE = "history.json"
 # a fresh run's state (train_state.pt holds it, with the optimizer, scheduler and RNG states)
 FRESH_STATE: dict[str, Any] = {"epoch": 0, "best_metric": None, "best_epoch": None,
                                "bad_epochs": 0, "stopped": False, "history": []}
@@ -130,7 +130,8 @@ def _start(model: nn.Module, out: Path, cfg: LoopConfig, world: World, resume: b
            ) -> tuple[dict[str, Any], dict | None]:
     """The run's state (:data:`FRESH_STATE`, or ``out/last``'s with ``resume``) and the saved
     train state to restore the optimizer from (``None`` for a fresh run, which is seeded).
-    ``model`` gets the saved weights; ``out`` is created, an interrupted swap recovered."""
+    ``model`` gets the saved weights; ``out`` is created, an interrupted swap recovered and
+    what a crash after the last checkpoint's swap left undone completed."""
     if world.main:
         out.mkdir(parents=True, exist_ok=True)
         recover(out)
@@ -145,6 +146,8 @@ def _start(model: nn.Module, out: Path, cfg: LoopConfig, world: World, resume: b
     saved = torch.load(state_file, map_location="cpu", weights_only=True)
     load_weights(model, out / LAST)
     state = {k: saved[k] for k in FRESH_STATE}
+    if world.main:
+        complete_epoch(out, state, cfg.keep_epochs or cfg.average > 0)
     # a resumed run stops early under the patience it is given now (0: never)
     state["stopped"] = cfg.patience > 0 and state["bad_epochs"] >= cfg.patience
     return state, saved
@@ -200,14 +203,16 @@ def _validate(train: TrainModel, task: TrainTask, cfg: LoopConfig, world: World,
 def _checkpoint(train: TrainModel, task: TrainTask, out: Path, cfg: LoopConfig,
                 state: dict[str, Any], optimizer: torch.optim.Optimizer,
                 scheduler: torch.optim.lr_scheduler.LRScheduler, improved: bool) -> None:
-    """Write ``out/last`` (and ``best`` when ``improved``, the epoch's copy with
-    ``keep_epochs``, the history) on rank 0; every rank takes part in gathering the
-    optimizer state."""
+    """Write the history, then ``out/last`` (and ``best`` when ``improved``, the epoch's
+    kept copy) on rank 0; every rank takes part in gathering the optimizer state. A crash
+    leaves the history at most one epoch ahead of ``last``, and a resume rewrites it from
+    ``last`` (:func:`genrec.training.checkpoints.complete_epoch`)."""
     optimizer_state = train.optimizer_state(optimizer)  # whole, on rank 0 (collective)
     if train.view is None:  # not rank 0; it waits: every rank holds the same state
         return
     payload = {**state, "optimizer": optimizer_state,
                "scheduler": scheduler.state_dict(), "rng": rng_state()}
+    atomic_write_json(out / HISTORY, state["history"])
     write_checkpoint(train.view, task, out, payload)
     if cfg.keep_epochs or cfg.average:
         keep_epoch(out, state["epoch"])
@@ -215,4 +220,3 @@ def _checkpoint(train: TrainModel, task: TrainTask, out: Path, cfg: LoopConfig,
         prune_epochs(out, state["best_epoch"], cfg.average)
     if improved:
         publish_best(out)
-    atomic_write_json(out / HISTORY_FILE, state["history"])

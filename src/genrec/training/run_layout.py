@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 LAST, BEST, MODEL, EPOCHS = "last", "best", "model", "epochs"
+HISTORY = "history.json"  # one entry per finished epoch
 
 
 def model_folder(path: Path) -> Path:
