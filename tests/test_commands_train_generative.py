@@ -96,7 +96,7 @@ def test_index_train_eval_end_to_end(tmp_path: Path) -> None:
 def test_causal_user_vectors_train_resume_and_eval(tmp_path: Path) -> None:
     import torch
 
-    from genrec.training.user_vectors import fold_in, load_item_factors
+    from genrec.training.user_vectors import fold_in, load_item_factors, saved_source
 
     data = write_dataset(tmp_path / "toy")
     invoke("index", "--data", data, "--out", tmp_path / "index.json")
@@ -116,6 +116,13 @@ def test_causal_user_vectors_train_resume_and_eval(tmp_path: Path) -> None:
     invoke("train", "generative", "--data", data, "--index", tmp_path / "index.json",
            "--out", run, "--epochs", "2", "--resume", *tiny)
     assert torch.equal(load_item_factors(run / "last"), factors)
+    # resumed without the flag, the run keeps saying how its vectors were made; its final
+    # model may be the mean of epochs 1-2
+    assert saved_source(run / "last") == "svd-causal" == saved_source(run / "model")
+    final = json.loads((run / "model.json").read_text())
+    assert [c["epochs"] for c in final["candidates"]] == [[2], [1, 2]] or \
+        [c["epochs"] for c in final["candidates"]] == [[1], [1, 2]]
+    assert all("error" not in c for c in final["candidates"])
     out = invoke("eval", "--model", run, "--data", data, "--json", tmp_path / "m.json",
                  "--beam-width", "10", "--no-progress", "--device", "cpu")
     assert "ndcg@10" in out and json.loads((tmp_path / "m.json").read_text())["n_users"] > 0

@@ -94,3 +94,24 @@ def test_a_finished_run_resumed_keeps_its_model_and_more_epochs_choose_again(
 def test_average_is_checked() -> None:
     with pytest.raises(ValueError, match="average"):
         LoopConfig(average=-1).validate()
+
+
+def test_a_window_that_cannot_be_averaged_is_skipped(tmp_path: Path) -> None:
+    class Varying(ScriptedTask):
+        """Writes a file that changes from the third epoch on beside every checkpoint."""
+
+        saves = 0
+
+        def save_extra(self, directory: Path) -> None:
+            super().save_extra(directory)
+            self.saves += 1
+            (Path(directory) / "note.txt").write_text("a" if self.saves < 3 else "b")
+
+    task = Varying([0.1, 0.5, 0.2])
+    cfg = LoopConfig(epochs=3, lr=1e-2, patience=0, progress=False, average=2)
+    result = fit(model_for(task), task, tmp_path, cfg)
+    assert result.final["chosen"] == "epoch 2" and task.calls == 3
+    [skipped] = result.final["candidates"][1:]
+    assert skipped["epochs"] == [1, 2, 3] and "note.txt" in skipped["error"]
+    assert skipped["ndcg@10"] is None
+    assert [p.name for p in tmp_path.glob(".*")] == []

@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from genrec.training.averaging import average_checkpoints
+from genrec.training.averaging import AveragingError, average_checkpoints
 from genrec.training.checkpoints import STATE_FILE, swap_in
 from genrec.training.run_layout import BEST, EPOCHS, MODEL
 from genrec.utils.atomic import atomic_write_json
@@ -91,7 +91,12 @@ def finish_run(model: nn.Module, out: Path, window: int, monitor: str, state: di
         for epochs in windows(out, best_epoch, window):
             folder = out / f".{MODEL}-{epochs[0]}-{epochs[-1]}.tmp"
             shutil.rmtree(folder, ignore_errors=True)
-            average_checkpoints([epoch_folder(out, e) for e in epochs], folder)
+            try:
+                average_checkpoints([epoch_folder(out, e) for e in epochs], folder)
+            except AveragingError as err:  # e.g. epochs of a run resumed with other settings
+                candidates.append({"model": _label(epochs), "epochs": epochs, monitor: None,
+                                   "error": str(err)})
+                continue
             load_into(model, folder)
             metrics = validate(model.eval()) or {}
             entry = {"model": _label(epochs), "epochs": epochs, monitor: metrics.get(monitor)}

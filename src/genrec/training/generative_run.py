@@ -179,13 +179,14 @@ def train_generative(
     args |= recipe
     torch.manual_seed(c.seed)
     last = c.out / LAST
-    factors, files = None, None
+    factors, files, source = None, None, Path(c.user_vectors).name
     if c.resume and (last / "config.json").is_file():
         model = load_model(last)
         if c.extend_vocab:  # the layout and tokenizer saved with the run
             vocab, files = SidVocab.load(last), ext.tokenizer_files(last)
         vectors = uv.load_saved_user_vectors(last, ds.user_ids)
         factors = uv.load_item_factors(last)
+        source = uv.saved_source(last) or source  # the run's, whatever the flag says now
     else:
         if c.user_vectors == "svd-causal":  # per-user vectors = fold-in of training items
             factors = uv.svd_item_factors(train, ds.num_items, c.user_dim, seed=c.seed)
@@ -211,7 +212,7 @@ def train_generative(
         if c.val_users else []
     task = gen.GenerativeTask(
         vocab, train, vectors, c.batch_tokens, c.seed, val,
-        c.beam_width, user_ids=ds.user_ids, user_vector_source=Path(c.user_vectors).name,
+        c.beam_width, user_ids=ds.user_ids, user_vector_source=source,
         progress=c.progress, item_factors=factors, extra_files=files,
         mask_history=c.mask_history, val_exclude=full_histories(ds.sequences, val, "val"),
         item_loss_weight=c.item_loss_weight,

@@ -139,6 +139,13 @@ def load_saved_user_vectors(
     return load_embeddings(directory / VECTORS_FILE)
 
 
+def saved_source(directory: str | Path) -> str | None:
+    """How the vectors saved beside a checkpoint were made (``svd``, ``svd-causal``, a file's
+    name), or None when it has none."""
+    path = Path(directory) / META_FILE
+    return json.loads(path.read_text()).get("source") if path.is_file() else None
+
+
 def resolve_user_vectors(
     source: str, sequences: Sequence[Sequence[int]], num_items: int, dim: int, seed: int = 0,
 ) -> torch.Tensor | None:
