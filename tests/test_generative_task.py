@@ -157,3 +157,33 @@ def test_fit_learns_the_successor_pattern_far_above_chance(tmp_path) -> None:
                           split_examples(seqs, "val", 5, 50), progress=False)
     result = fit(tiny_model(vocab), task, tmp_path, LoopConfig(epochs=6, lr=5e-3, progress=False))
     assert result.history[-1]["val_recall@10"] > 0.5  # chance: 10 / 60
+
+
+def test_finish_saves_the_best_item_weight_and_reuses_the_known_default(tmp_path) -> None:
+    from genrec.engine.params import saved_item_weight
+    from genrec.evaluation.full_catalog import split_examples
+
+    vocab, seqs = make_vocab(), make_sequences()
+    torch.manual_seed(0)
+    model = build_model(scratch_config(vocab, hidden=32, layers=2, heads=2, kv_heads=1,
+                                       head_dim=16, item_head=True))
+    init_weights(model)
+    val = split_examples(seqs, "val", vocab.max_history)
+    calls: list[float | None] = []
+
+    class Counting(GenerativeTask):
+        def validate(self, model, item_weight=None):
+            calls.append(item_weight)
+            return super().validate(model, item_weight)
+
+    task = Counting(vocab, training_sequences(seqs), val_examples=val, beam_width=10,
+                    progress=False, item_weights=(1.0, 3.0, 10.0))
+    at_default = task.validate(model)["ndcg@10"]
+    result = task.finish(model, tmp_path, {"ndcg@10": at_default})
+    assert calls == [None, 1.0, 10.0]  # the default weight's figure was not measured again
+    assert result["item_weights"]["3.0"] == at_default
+    assert result["item_weights"][str(result["item_weight"])] == max(
+        result["item_weights"].values())
+    assert saved_item_weight(tmp_path) == result["item_weight"]
+    plain = Counting(vocab, training_sequences(seqs), val_examples=val, progress=False)
+    assert plain.finish(tiny_model(vocab), tmp_path) == {}  # no item head: nothing chosen

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from genrec.model.checkpoint import load_model, save_model
-from genrec.training.run_layout import BEST, EPOCHS, HISTORY, LAST, MODEL
+from genrec.training.run_layout import BEST, EPOCHS, HISTORY, LAST, MODEL, epoch_folder
 from genrec.utils.atomic import atomic_write, atomic_write_json
 
 STATE_FILE = "train_state.pt"
@@ -66,7 +66,7 @@ def write_checkpoint(model: nn.Module, task: Any, out: Path, payload: dict) -> N
 
 def keep_epoch(out: Path, epoch: int) -> None:
     """A copy of ``out/last`` without the optimizer state as ``out/epochs/NNN``."""
-    dst = out / EPOCHS / f"{epoch:03d}"
+    dst = epoch_folder(out, epoch)
     tmp = dst.with_name(f".{dst.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(out / LAST, tmp, ignore=shutil.ignore_patterns(STATE_FILE))
@@ -86,7 +86,7 @@ def complete_epoch(out: Path, state: dict[str, Any], keep: bool) -> None:
     epoch (``state``: the loop's, read from ``out/last``): the epoch's kept copy (``keep``),
     ``best/`` when the epoch was the best, and ``history.json``."""
     epoch = state["epoch"]
-    if keep and not (out / EPOCHS / f"{epoch:03d}" / "config.json").is_file():
+    if keep and not (epoch_folder(out, epoch) / "config.json").is_file():
         keep_epoch(out, epoch)
     if state["best_epoch"] == epoch:
         publish_best(out)

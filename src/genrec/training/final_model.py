@@ -22,7 +22,7 @@ from torch import nn
 
 from genrec.training.averaging import AveragingError, average_checkpoints
 from genrec.training.checkpoints import STATE_FILE, swap_in
-from genrec.training.run_layout import BEST, EPOCHS, MODEL
+from genrec.training.run_layout import BEST, EPOCHS, MODEL, epoch_folder
 from genrec.utils.atomic import atomic_write_json
 
 SUMMARY_FILE = "model.json"
@@ -31,14 +31,10 @@ SUMMARY_FILE = "model.json"
 Validate = Callable[[nn.Module], dict[str, float] | None]
 # load a checkpoint folder's weights into a model
 LoadInto = Callable[[nn.Module, Path], None]
-# a task's last word on the final model (given with its folder, before it is published): what
-# to add to the summary (e.g. a ranking setting chosen on validation, saved in the folder)
-Refine = Callable[[nn.Module, Path], dict[str, Any]]
-
-
-def epoch_folder(out: Path, epoch: int) -> Path:
-    """``OUT/epochs/NNN`` of ``epoch`` (1-based)."""
-    return out / EPOCHS / f"{epoch:03d}"
+# a task's last word on the final model (given with its folder, before it is published, and
+# its validation metric as already measured, {monitor: value}): what to add to the summary
+# (e.g. a ranking setting chosen on validation, saved in the folder)
+Refine = Callable[[nn.Module, Path, dict[str, Any]], dict[str, Any]]
 
 
 def prune_epochs(out: Path, best_epoch: int | None, window: int) -> None:
@@ -113,7 +109,8 @@ def finish_run(model: nn.Module, out: Path, window: int, monitor: str, state: di
         shutil.copytree(out / BEST, tmp, ignore=shutil.ignore_patterns(STATE_FILE))
         chosen_folder = tmp
     load_into(model, chosen_folder)
-    extra = refine(model, chosen_folder) if refine is not None else {}
+    measured = {monitor: chosen[monitor]} if chosen[monitor] is not None else {}
+    extra = refine(model, chosen_folder, measured) if refine is not None else {}
     swap_in(chosen_folder, out / MODEL)
     summary = {"epoch": state["epoch"], "chosen": chosen["model"], "monitor": monitor,
                "candidates": candidates, **extra}

@@ -210,15 +210,18 @@ class GenerativeTask:
             exclude=self.val_exclude if self.mask_history else None, item_weight=item_weight,
         )
 
-    def finish(self, model: DecoderLM, folder: Path) -> dict:
+    def finish(self, model: DecoderLM, folder: Path, measured: dict | None = None) -> dict:
         """For a model with an item head: validate the run's final ``model`` (saved in
         ``folder``) ranked with each of ``item_weights``, save the best by NDCG@10 in the
         folder's ``generation_config.json`` (what the engine then ranks with by default; a
         tie keeps :data:`DEFAULT_ITEM_WEIGHT`) and return ``{"item_weight": best,
-        "item_weights": {weight: NDCG@10}}``; ``{}`` otherwise."""
+        "item_weights": {weight: NDCG@10}}``; ``{}`` otherwise. ``measured``: the model's
+        validation metrics at the default weight where already known (not validated again)."""
         if model.item_head is None or not self.val_examples or not self.item_weights:
             return {}
-        ndcg = {w: self.validate(model.eval(), w)["ndcg@10"] for w in self.item_weights}
+        known = (measured or {}).get("ndcg@10")
+        ndcg = {w: known if known is not None and w == DEFAULT_ITEM_WEIGHT
+                else self.validate(model.eval(), w)["ndcg@10"] for w in self.item_weights}
         best = max(ndcg, key=lambda w: (ndcg[w], w == DEFAULT_ITEM_WEIGHT))
         save_item_weight(folder, best)
         return {"item_weight": best, "item_weights": {str(w): v for w, v in ndcg.items()}}

@@ -13,6 +13,11 @@ LAST, BEST, MODEL, EPOCHS = "last", "best", "model", "epochs"
 HISTORY = "history.json"  # one entry per finished epoch
 
 
+def epoch_folder(out: Path, epoch: int) -> Path:
+    """``OUT/epochs/NNN``: the kept copy of ``epoch`` (1-based)."""
+    return Path(out) / EPOCHS / f"{epoch:03d}"
+
+
 def model_folder(path: Path) -> Path:
     """The checkpoint a path names: a training run's folder means its final ``model``
     checkpoint, else (a run still training, or one from before ``model``) its ``best``; any
