@@ -59,7 +59,8 @@ def saved_item_weight(folder: str | Path) -> float | None:
     value = json.loads(path.read_text()).get("item_weight")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 <= value < float("inf"):
         raise ValueError(f"{path}: item_weight must be a finite number >= 0, got {value!r}")
     return float(value)
 
