@@ -74,6 +74,10 @@ def train_generative(
         help="The item head's embeddings also added to each item's input (at the item's last "
              "Semantic-ID token), tied as in SASRec. Default: on with the item head.")
     ] = None,
+    item_compose: Annotated[bool, typer.Option(
+        help="The item head scores each item with its own embedding plus the sum of its "
+             "Semantic-ID tokens' embeddings (items sharing ID prefixes share strength; needs "
+             "--item-inputs).")] = False,
     mask_history: Annotated[bool, typer.Option(
         help="Train the item head for serving that never recommends an item the user already "
              "has (genrec eval --mask-history, RecommendRequest.exclude): its softmax over items "

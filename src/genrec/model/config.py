@@ -59,7 +59,8 @@ _ARCH_BY_MODEL_TYPE = {layout.model_type: arch for arch, layout in _LAYOUTS.item
 
 
 # genrec's own config keys, under "genrec" in config.json
-_GENREC_KEYS = ("user_dim", "score_head", "sid_normalize", "item_head", "item_inputs")
+_GENREC_KEYS = ("user_dim", "score_head", "sid_normalize", "item_head", "item_inputs",
+                "item_compose")
 
 
 @dataclass
@@ -81,7 +82,8 @@ class ModelConfig:
     item, scored against the hidden state that predicts an item's first Semantic ID; see
     :mod:`genrec.model.item_head`). ``item_inputs`` > 0 (the number of Semantic-ID levels;
     needs ``item_head``) also adds each item's head embedding to the input at its last
-    Semantic-ID token, tied as in SASRec.
+    Semantic-ID token, tied as in SASRec. ``item_compose`` (needs ``item_inputs``): each item's
+    head vector is its own row plus the sum of its Semantic-ID tokens' input embeddings.
     """
 
     architecture: str = "Qwen3ForCausalLM"
@@ -106,6 +108,7 @@ class ModelConfig:
     sid_normalize: str = "full"
     item_head: int = 0
     item_inputs: int = 0
+    item_compose: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -134,6 +137,10 @@ class ModelConfig:
             raise ValueError(f"item_inputs must be an integer >= 0, got {self.item_inputs!r}")
         if self.item_inputs and not self.item_head:
             raise ValueError("item_inputs needs an item head (item_head > 0)")
+        if not isinstance(self.item_compose, bool):
+            raise ValueError(f"item_compose must be true or false, got {self.item_compose!r}")
+        if self.item_compose and not self.item_inputs:
+            raise ValueError("item_compose needs the items' Semantic IDs (item_inputs > 0)")
         if self.sid_normalize not in ("full", "level"):
             raise ValueError(f"sid_normalize must be 'full' or 'level', got {self.sid_normalize!r}")
         if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
@@ -236,6 +243,8 @@ class ModelConfig:
             out.setdefault("genrec", {})["item_head"] = self.item_head
         if self.item_inputs:
             out.setdefault("genrec", {})["item_inputs"] = self.item_inputs
+        if self.item_compose:
+            out.setdefault("genrec", {})["item_compose"] = True
         return out
 
 

@@ -204,8 +204,11 @@ class DecoderLM(nn.Module):
             SoftTokenProjector(cfg.user_dim, cfg.hidden_size) if cfg.user_dim else None
         )
         self.score_head = nn.Linear(cfg.hidden_size, 1) if cfg.score_head else None
-        self.item_head = (ItemHead(cfg.item_head, cfg.hidden_size, cfg.item_inputs)
-                          if cfg.item_head else None)
+        self.item_head = (
+            ItemHead(cfg.item_head, cfg.hidden_size, cfg.item_inputs,
+                     self.model.embed_tokens if cfg.item_compose else None)
+            if cfg.item_head else None
+        )
         # Training-time regularisation, not part of the checkpoint: applied to the input
         # embeddings and each residual branch while ``self.training`` (see ``set_dropout``).
         self.dropout = 0.0

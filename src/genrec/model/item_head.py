@@ -15,6 +15,11 @@ Semantic-ID token gets ``weight[item]`` added. The head keeps the training index
 item (``item_tokens`` [num_items, levels], saved with the model) and finds items in any packed
 token sequence by their exact token tuple (:meth:`ItemHead.input_items`), so prompts need no
 item ids beside their tokens and training and serving read the same rows.
+
+Composed (``ModelConfig.item_compose``): the head scores each item with its own row plus the sum
+of its Semantic-ID tokens' input embeddings (the decoder's ``embed_tokens``, not a copy), so
+items that share ID prefixes share what they learn, as Semantic-ID embeddings do for rare
+items; an item's input stays its own row (its tokens already enter as themselves).
 """
 
 from __future__ import annotations
@@ -23,20 +28,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from genrec.model.layers import derived
 from genrec.model.layout import Readout, prefix_last_layout, shared_layout
 
 
 class ItemHead(nn.Module):
     """Item embeddings [num_items, hidden], initialised N(0, 0.02) like the decoder's;
-    ``levels`` > 0 also keeps each item's Semantic-ID tokens for item inputs."""
+    ``levels`` > 0 also keeps each item's Semantic-ID tokens for item inputs; ``compose``: the
+    decoder's token embedding, whose rows of an item's tokens join its head vector."""
 
-    def __init__(self, num_items: int, hidden: int, levels: int = 0) -> None:
+    def __init__(self, num_items: int, hidden: int, levels: int = 0,
+                 compose: nn.Embedding | None = None) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_items, hidden).normal_(0.0, 0.02))
         if levels:
             self.register_buffer("item_tokens", torch.full((num_items, levels), -1))
         else:
             self.item_tokens = None
+        if compose is not None and not levels:
+            raise ValueError("compose: a composed item head needs the items' Semantic IDs")
+        # held in a tuple: the decoder owns (and saves) the embedding, the head only reads it
+        self._compose = (compose,) if compose is not None else ()
         self._lookup: tuple[torch.Tensor, ...] | None = None  # built from item_tokens on use
 
     @property
@@ -103,9 +115,29 @@ class ItemHead(nn.Module):
     def num_items(self) -> int:
         return int(self.weight.shape[0])
 
+    @property
+    def composed(self) -> bool:
+        return bool(self._compose)
+
+    def item_vectors(self) -> torch.Tensor:
+        """The vectors the head scores items with: [num_items, hidden], each item's row plus,
+        composed, the sum of its Semantic-ID tokens' embeddings."""
+        if not self._compose:
+            return self.weight
+        table, tokens = self._compose[0].weight, self.item_tokens
+
+        def build() -> tuple[torch.Tensor]:
+            if int(tokens.min()) < 0:
+                raise ValueError("item tokens: not set (ItemHead.set_item_tokens)")
+            shared = F.embedding_bag(tokens, table, mode="sum")  # [num_items, hidden]
+            return (self.weight + shared.to(self.weight.dtype),)
+
+        # served: built once per weights, not per request (rebuilt when they change)
+        return derived(self, "item_vectors", [self.weight, table, tokens], build)[0]
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, num_items] (fp32)."""
-        return (hidden.to(self.weight.dtype) @ self.weight.T).float()
+        return (hidden.to(self.weight.dtype) @ self.item_vectors().T).float()
 
     def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
         """log p_head(item | hidden) over all items: [N, hidden] -> [N, num_items] (fp32)."""

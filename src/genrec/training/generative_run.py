@@ -56,6 +56,7 @@ class GenerativeTrainConfig:
     prompt_text: str | None = None
     item_head: bool | None = None
     item_inputs: bool | None = None
+    item_compose: bool = False
     mask_history: bool = False
     item_loss_weight: float = 1.0
     epochs: int | None = None
@@ -174,6 +175,8 @@ def train_generative(
     if c.mask_history and not item_head:
         raise ValueError("--mask-history trains the item head: it needs --item-head")
     args["item_inputs"] = item_inputs
+    if c.item_compose and not item_inputs:
+        raise ValueError("--item-compose needs the item inputs (--item-inputs)")
     train = training_sequences(ds.sequences)
     recipe = pick_recipe(train, {k: getattr(c, k) for k in RECIPE_KEYS}, main, echo)
     args |= recipe
@@ -204,7 +207,8 @@ def train_generative(
         else:
             model = build_model(gen.scratch_config(
                 vocab, recipe["hidden"], recipe["layers"], recipe["heads"], recipe["kv_heads"],
-                recipe["head_dim"], c.intermediate, dim, item_head, item_inputs))
+                recipe["head_dim"], c.intermediate, dim, item_head, item_inputs,
+                c.item_compose))
             init_weights(model)
             gen.set_item_tokens(model, vocab)
     model.set_dropout(recipe["dropout"])

@@ -245,11 +245,12 @@ class GenerativeTask:
 def scratch_config(
     vocab: SidVocab, hidden: int = 128, layers: int = 4, heads: int = 4, kv_heads: int = 2,
     head_dim: int = 32, intermediate: int | None = None, user_dim: int = 0,
-    item_head: bool = False, item_inputs: bool = False,
+    item_head: bool = False, item_inputs: bool = False, item_compose: bool = False,
 ) -> ModelConfig:
     """A Qwen3-architecture config over exactly the SID vocabulary, with tied embeddings and
     enough positions for a full prompt plus one generated item (``item_head``: a dense item
-    head over the index's items; ``item_inputs``: its embeddings also on the input)."""
+    head over the index's items; ``item_inputs``: its embeddings also on the input;
+    ``item_compose``: the head's item vectors include their Semantic-ID tokens' embeddings)."""
     longest = 2 + (vocab.max_history + 1) * vocab.num_levels
     return ModelConfig(
         architecture="Qwen3ForCausalLM", vocab_size=vocab.vocab_size, hidden_size=hidden,
@@ -258,7 +259,7 @@ def scratch_config(
         max_position_embeddings=-(-longest // 64) * 64, rope_theta=10000.0,
         tie_word_embeddings=True, user_dim=user_dim,
         item_head=vocab.index.num_items if item_head else 0,
-        item_inputs=vocab.num_levels if item_inputs else 0,
+        item_inputs=vocab.num_levels if item_inputs else 0, item_compose=item_compose,
     )
 
 
