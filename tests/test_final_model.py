@@ -51,6 +51,28 @@ def test_a_better_mean_of_the_epochs_around_the_best_becomes_the_model(tmp_path:
     assert [p.name for p in tmp_path.glob(".*")] == []  # no candidate left behind
 
 
+def test_a_separate_final_validation_measures_the_best_epoch_again_and_chooses(
+        tmp_path: Path) -> None:
+    final_script = iter([0.40, 0.45, 0.38])  # best epoch again, then the means k=1, k=2
+
+    class WithFinal(ScriptedTask):
+        final_calls = 0
+
+        @property
+        def final_validation(self):  # noqa: ANN202
+            def validate(model):  # noqa: ANN001, ANN202
+                self.final_calls += 1
+                return {"ndcg@10": next(final_script)}
+            return validate
+
+    task = WithFinal([0.1, 0.2, 0.5, 0.3, 0.2])
+    cfg = LoopConfig(epochs=5, lr=1e-2, progress=False, average=2)
+    result = fit(model_for(task), task, tmp_path, cfg)
+    assert task.calls == 5 and task.final_calls == 3 and result.best_epoch == 3
+    assert [c["ndcg@10"] for c in result.final["candidates"]] == [0.40, 0.45, 0.38]
+    assert result.final["chosen"] == "mean of epochs 2-4"
+
+
 def test_the_best_epoch_stays_when_no_mean_validates_better(tmp_path: Path) -> None:
     result, _, model = run(tmp_path, [0.1, 0.4, 0.3, 0.35, 0.4], 3, 2)
     assert result.final["chosen"] == "epoch 2"

@@ -11,6 +11,7 @@ from genrec.catalog.semantic_ids import with_dedup_level
 from genrec.engine import BeamParams, Engine, EngineConfig, RowRequest
 from genrec.evaluation.full_catalog import (
     evaluate_generative,
+    evaluate_item_weights,
     evaluate_popularity,
     evaluate_split,
     full_histories,
@@ -30,13 +31,13 @@ N_ITEMS = 60
 KEYS = {"recall@5", "ndcg@5", "recall@10", "ndcg@10", "n_users", "beam_width"}
 
 
-def make_engine(user_dim: int = 0, seed: int = 0) -> Engine:
+def make_engine(user_dim: int = 0, seed: int = 0, item_head: bool = False) -> Engine:
     g = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, 8, (N_ITEMS, 3), generator=g)
     vocab = SidVocab(with_dedup_level(codes, [8, 8, 8]), max_history=5)
     torch.manual_seed(seed)
     model = build_model(scratch_config(vocab, hidden=32, layers=2, heads=2, kv_heads=1,
-                                       head_dim=16, user_dim=user_dim))
+                                       head_dim=16, user_dim=user_dim, item_head=item_head))
     init_weights(model, std=0.2)  # large weights: peaked, varied predictions
     return Engine(model, config=EngineConfig(soft_token_id=SOFT_ID), vocab=vocab)
 
@@ -130,6 +131,26 @@ def test_excluded_items_are_never_recommended() -> None:
     # evaluate_split(mask_history=True) is the same evaluation over the full histories
     split = evaluate_split(engine, seqs, "test", beam_width=12, mask_history=True)
     assert all(split[k] == pytest.approx(v) for k, v in masked.items() if k != "seconds")
+
+
+def test_item_weights_from_one_search_equal_one_evaluation_per_weight() -> None:
+    engine = make_engine(item_head=True, seed=3)
+    seqs = sequences(20)
+    examples = split_examples(seqs, "test", 5)
+    masks = full_histories(seqs, examples, "test")
+    weights = (0.5, 3.0, 20.0)
+    for exclude in (None, masks):
+        swept = evaluate_item_weights(engine, examples, weights, beam_width=12, batch_size=7,
+                                      exclude=exclude)
+        for w in weights:
+            alone = evaluate_generative(engine, examples, beam_width=12, exclude=exclude,
+                                        item_weight=w)
+            assert swept[w] == pytest.approx(alone)
+    assert len({swept[w]["ndcg@10"] for w in weights}) > 1  # the weight matters here
+    with pytest.raises(ValueError, match="item_weights"):
+        evaluate_item_weights(engine, examples, (0.0, 1.0))
+    with pytest.raises(ValueError, match="no item head"):
+        evaluate_item_weights(make_engine(), examples, (1.0,))
 
 
 def test_popularity_counts_training_items_and_masks_history() -> None:

@@ -159,9 +159,10 @@ def test_fit_learns_the_successor_pattern_far_above_chance(tmp_path) -> None:
     assert result.history[-1]["val_recall@10"] > 0.5  # chance: 10 / 60
 
 
-def test_finish_saves_the_best_item_weight_and_reuses_the_known_default(tmp_path) -> None:
+def test_finish_saves_the_best_item_weight_from_one_search(tmp_path, monkeypatch) -> None:
+    from genrec import Engine, EngineConfig
     from genrec.engine.params import saved_item_weight
-    from genrec.evaluation.full_catalog import split_examples
+    from genrec.evaluation.full_catalog import evaluate_generative, split_examples
 
     vocab, seqs = make_vocab(), make_sequences()
     torch.manual_seed(0)
@@ -169,21 +170,24 @@ def test_finish_saves_the_best_item_weight_and_reuses_the_known_default(tmp_path
                                        head_dim=16, item_head=True))
     init_weights(model)
     val = split_examples(seqs, "val", vocab.max_history)
-    calls: list[float | None] = []
-
-    class Counting(GenerativeTask):
-        def validate(self, model, item_weight=None):
-            calls.append(item_weight)
-            return super().validate(model, item_weight)
-
-    task = Counting(vocab, training_sequences(seqs), val_examples=val, beam_width=10,
-                    progress=False, item_weights=(1.0, 3.0, 10.0))
-    at_default = task.validate(model)["ndcg@10"]
-    result = task.finish(model, tmp_path, {"ndcg@10": at_default})
-    assert calls == [None, 1.0, 10.0]  # the default weight's figure was not measured again
-    assert result["item_weights"]["3.0"] == at_default
+    # epochs validate 4 users, the final choice all of them (one search for every weight)
+    task = GenerativeTask(vocab, training_sequences(seqs), val_examples=val[:4], beam_width=10,
+                          progress=False, item_weights=(1.0, 3.0, 10.0), final_examples=val)
+    assert task.final_validation is not None
+    assert task.validate_final(model)["n_users"] == len(val) > task.validate(model)["n_users"]
+    searches = []
+    pools = Engine.head_pools
+    monkeypatch.setattr(Engine, "head_pools",
+                        lambda *a, **k: searches.append(1) or pools(*a, **k))
+    result = task.finish(model, tmp_path)
+    assert len(searches) == -(-len(val) // task.val_batch_size)
+    for w in (1.0, 3.0, 10.0):  # each weight's figure: what evaluating the final sample gives
+        alone = evaluate_generative(Engine(model, config=EngineConfig(soft_token_id=SOFT_ID),
+                                           vocab=vocab), val, beam_width=10, item_weight=w)
+        assert result["item_weights"][str(w)] == pytest.approx(alone["ndcg@10"])
     assert result["item_weights"][str(result["item_weight"])] == max(
         result["item_weights"].values())
     assert saved_item_weight(tmp_path) == result["item_weight"]
-    plain = Counting(vocab, training_sequences(seqs), val_examples=val, progress=False)
+    plain = GenerativeTask(vocab, training_sequences(seqs), val_examples=val, progress=False)
+    assert plain.final_validation is None  # no separate sample: the epochs' validation
     assert plain.finish(tiny_model(vocab), tmp_path) == {}  # no item head: nothing chosen

@@ -105,6 +105,10 @@ def train_generative(
              "it unless given --item-weight).")] = True,
     max_history: Annotated[int, typer.Option(min=1)] = 20,
     val_users: Annotated[int, typer.Option(min=0, help="Validation sample (0: none).")] = 2000,
+    final_val_users: Annotated[int, typer.Option(
+        min=0, help="The larger validation sample the final model and its item weight are "
+                    "chosen on (at most every user; not above --val-users: the same sample).")
+    ] = 10_000,
     beam_width: Annotated[int, typer.Option(min=1)] = 20,
     seed: int = 0, resume: bool = False, device: DeviceOpt = "auto", threads: ThreadsOpt = None,
     progress: bool = True,

@@ -23,7 +23,7 @@ from genrec.engine.beam_runner import RunnerPool, runner_config
 from genrec.engine.chunked import forward_chunked
 from genrec.engine.engine_config import EngineConfig
 from genrec.engine.inputs import InputError, Part, build_input_embeds
-from genrec.engine.item_ranking import rank_with_head
+from genrec.engine.item_ranking import HeadPool, pool_with_head, rank_with_head
 from genrec.engine.memory import take_budget
 from genrec.engine.params import DEFAULT_ITEM_WEIGHT, BeamParams, ScoreParams, saved_item_weight
 from genrec.engine.request_ids import ServedCatalog, to_ids, to_rows
@@ -207,6 +207,23 @@ class Engine:
             return rank_with_head(self.score_requests, model, self.embed(batch), prepared,
                                   items, scores)
         return top_items(items, scores, params.n)
+
+    def head_pools(
+        self, requests: Sequence[RowRequest], params: BeamParams | None = None,
+        catalog: CatalogState | None = None,
+    ) -> list[HeadPool]:
+        """A model with an item head: each request's pooled proposals with their Semantic-ID
+        and head scores, from one search. ``pool.rank(w, params.n)`` is what
+        :meth:`recommend_rows` returns with ``item_weight`` w > 0 (the pool does not depend on
+        w): what choosing an item weight needs."""
+        model = self.model
+        if model.item_head is None:
+            raise ValueError("head_pools: the model has no item head")
+        prepared = self.prepare_recommend(requests, params, catalog)
+        batch = prepared.batch
+        items, scores = run_search(prepared, self.searches, self.embed(batch), model.device)
+        return pool_with_head(self.score_requests, model, self.embed(batch), prepared, items,
+                              scores)
 
     def pack(
         self, prefixes: Sequence[Part], branches: Sequence[Sequence[Part]],

@@ -11,6 +11,7 @@ depends neither on who proposed it nor on the batch. See :mod:`genrec.model.item
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -20,7 +21,7 @@ from genrec.engine.requests import RowRecommendation, RowRequest, ScoreRequest
 from genrec.engine.retrieval import PreparedSearch, prompts_of
 from genrec.live_catalog.state import CatalogState
 from genrec.model.decoder import DecoderLM
-from genrec.model.item_head import combine, pick, prompt_hidden
+from genrec.model.item_head import combine, head_floor, pick, prompt_hidden
 
 LOGLIK = ScoreParams(mode="loglik")
 
@@ -88,14 +89,30 @@ def _mask_disallowed(logp: torch.Tensor, requests: Sequence[RowRequest],
     return logp
 
 
+@dataclass
+class HeadPool:
+    """One request's pooled proposals, the beam's then the head's: ``items`` [J], their
+    Semantic-ID log-probabilities ``sid`` [J] and head log-probabilities ``head`` [J] (an item
+    without a head row: the request's lowest, :func:`head_floor`)."""
+
+    items: torch.Tensor
+    sid: torch.Tensor
+    head: torch.Tensor
+
+    def rank(self, weight: float, n: int) -> RowRecommendation:
+        """The top ``n`` by ``sid + weight * head``; ties: the earlier proposal first."""
+        ranked = self.sid + weight * self.head
+        order = torch.sort(-ranked, stable=True).indices[:n]
+        return RowRecommendation(items=self.items[order].tolist(), scores=ranked[order].tolist())
+
+
 @torch.no_grad()
-def rank_with_head(score: ScoreFn, model: DecoderLM, embeds: torch.Tensor,
+def pool_with_head(score: ScoreFn, model: DecoderLM, embeds: torch.Tensor,
                    prepared: PreparedSearch, items: torch.Tensor, scores: torch.Tensor
-                   ) -> list[RowRecommendation]:
-    """The top ``params.n`` of the beam's proposals ``items`` [R, W] (-1: none; ``scores``
-    their Semantic-ID log-probabilities) for the ``prepared`` batch (``embeds``: its input
-    embeddings) pooled with the head's proposals, by the combined score (the extra proposals
-    scored by ``score``)."""
+                   ) -> list[HeadPool]:
+    """The beam's proposals ``items`` [R, W] (-1: none; ``scores`` their Semantic-ID
+    log-probabilities) for the ``prepared`` batch (``embeds``: its input embeddings) pooled
+    with the head's proposals (scored by ``score``), per request."""
     requests, catalog, params = prepared.requests, prepared.catalog, prepared.params
     device, head = model.device, model.item_head
     logp = head_log_probs(model, embeds, prepared.batch)
@@ -115,9 +132,15 @@ def rank_with_head(score: ScoreFn, model: DecoderLM, embeds: torch.Tensor,
         sid = torch.cat([scores[r][items[r] >= 0].float().cpu(), extra_sid[r]])
         head_scores = pick(logp[r : r + 1], pool[None].to(device)).cpu()
         valid = torch.ones_like(pool, dtype=torch.bool)[None]
-        ranked = combine(sid[None], head_scores, valid, params.item_weight)[0]
-        # ties: the earlier proposal first (stable sort on the negated score)
-        order = torch.sort(-ranked, stable=True).indices[: params.n]
-        out.append(RowRecommendation(items=pool[order].tolist(),
-                                     scores=ranked[order].tolist()))
+        out.append(HeadPool(pool, sid, head_floor(head_scores, valid)[0]))
     return out
+
+
+def rank_with_head(score: ScoreFn, model: DecoderLM, embeds: torch.Tensor,
+                   prepared: PreparedSearch, items: torch.Tensor, scores: torch.Tensor
+                   ) -> list[RowRecommendation]:
+    """The top ``params.n`` of the beam's proposals pooled with the head's
+    (:func:`pool_with_head`) by the combined score at ``params.item_weight``."""
+    params = prepared.params
+    return [pool.rank(params.item_weight, params.n)
+            for pool in pool_with_head(score, model, embeds, prepared, items, scores)]

@@ -13,7 +13,7 @@ examples (:func:`evaluate_popularity`). Both can mask each user's history
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -44,21 +44,56 @@ def evaluate_generative(
     :class:`BeamParams` (models with an item head).
     Returns ``{"recall@5", "ndcg@5", "recall@10", "ndcg@10", "n_users", "beam_width"}``.
     """
+    params = BeamParams(beam_width=beam_width, n=max(ks), item_weight=item_weight,
+                        head_proposals=head_proposals)
+    top = torch.full((len(examples), params.n), -1, dtype=torch.int64)
+    for start, requests in _batches(examples, user_vectors, exclude, batch_size, params,
+                                    progress):
+        for row, rec in enumerate(engine.recommend_rows(requests, params), start=start):
+            top[row, : len(rec.items)] = torch.tensor(rec.items, dtype=torch.int64)
+    return _metrics(top, examples, ks, beam_width)
+
+
+def evaluate_item_weights(
+    engine: Engine, examples: Sequence[Example], item_weights: Sequence[float],
+    user_vectors: torch.Tensor | None = None,
+    beam_width: int = DEFAULT_BEAM_WIDTH, ks: Sequence[int] = (5, 10), batch_size: int = 128,
+    progress: bool = False, exclude: Sequence[Sequence[int]] | None = None,
+    head_proposals: int | None = None,
+) -> dict[float, dict[str, float]]:
+    """:func:`evaluate_generative` of a model with an item head at each of ``item_weights``
+    (each > 0) from one search per request (``Engine.head_pools``): the same lists as one
+    evaluation per weight, at about the cost of one. Returns ``{weight: metrics}``."""
+    if not item_weights or any(not w > 0 for w in item_weights):
+        raise ValueError(f"item_weights: expected weights > 0, got {list(item_weights)}")
+    params = BeamParams(beam_width=beam_width, n=max(ks), item_weight=max(item_weights),
+                        head_proposals=head_proposals)
+    tops = {w: torch.full((len(examples), params.n), -1, dtype=torch.int64)
+            for w in item_weights}
+    for start, requests in _batches(examples, user_vectors, exclude, batch_size, params,
+                                    progress):
+        for row, pool in enumerate(engine.head_pools(requests, params), start=start):
+            for w, top in tops.items():
+                items = pool.rank(w, params.n).items
+                top[row, : len(items)] = torch.tensor(items, dtype=torch.int64)
+    return {w: _metrics(top, examples, ks, beam_width) for w, top in tops.items()}
+
+
+def _batches(examples: Sequence[Example], user_vectors: torch.Tensor | None,
+             exclude: Sequence[Sequence[int]] | None, batch_size: int, params: BeamParams,
+             progress: bool) -> Iterator[tuple[int, list[RowRequest]]]:
+    # (first example's position, its batch of requests), after checking the arguments
     if not examples:
         raise ValueError("examples: nothing to evaluate")
     if exclude is not None and len(exclude) != len(examples):
         raise ValueError(f"exclude: {len(exclude)} lists for {len(examples)} examples")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    n = max(ks)
-    params = BeamParams(beam_width=beam_width, n=n, item_weight=item_weight,
-                        head_proposals=head_proposals)
     params.validate()
-    top = torch.full((len(examples), n), -1, dtype=torch.int64)
     starts = range(0, len(examples), batch_size)
     for start in tqdm(starts, desc="eval", unit="batch", disable=not progress, leave=False):
         chunk = examples[start : start + batch_size]
-        requests = [
+        yield start, [
             RowRequest(
                 history=ex.history,
                 user_vector=None if user_vectors is None else user_vectors[ex.user],
@@ -66,8 +101,10 @@ def evaluate_generative(
             )
             for i, ex in enumerate(chunk)
         ]
-        for row, rec in enumerate(engine.recommend_rows(requests, params), start=start):
-            top[row, : len(rec.items)] = torch.tensor(rec.items, dtype=torch.int64)
+
+
+def _metrics(top: torch.Tensor, examples: Sequence[Example], ks: Sequence[int],
+             beam_width: int) -> dict[str, float]:
     targets = torch.tensor([ex.target for ex in examples], dtype=torch.int64)
     metrics = ranking_metrics(target_ranks(top, targets), ks)
     metrics["n_users"] = len(examples)

@@ -175,17 +175,22 @@ def item_loss(head: ItemHead, hidden: torch.Tensor, items: torch.Tensor,
     return F.cross_entropy(logits, items)
 
 
-def combine(sid_scores: torch.Tensor, head_scores: torch.Tensor, valid: torch.Tensor,
-            weight: float) -> torch.Tensor:
-    """Proposals' ranking scores: ``sid + weight * head`` [R, J]; ``valid`` [R, J] marks real
-    proposals (others -inf). A proposal without a head row (-inf) takes the lowest finite head
-    score of its request, so a new item competes on its Semantic-ID score."""
+def head_floor(head_scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``head_scores`` [R, J] where a proposal without a head row (-inf) takes the lowest
+    finite head score of its request's ``valid`` [R, J] proposals (0 if none has one), so a new
+    item competes on its Semantic-ID score."""
     finite = torch.isfinite(head_scores) & valid
     floor = torch.where(finite, head_scores, torch.full_like(head_scores, float("inf")))
     floor = floor.min(dim=1, keepdim=True).values
     floor = torch.where(torch.isfinite(floor), floor, torch.zeros_like(floor))
-    head = torch.where(finite, head_scores, floor.expand_as(head_scores))
-    out = sid_scores + weight * head
+    return torch.where(finite, head_scores, floor.expand_as(head_scores))
+
+
+def combine(sid_scores: torch.Tensor, head_scores: torch.Tensor, valid: torch.Tensor,
+            weight: float) -> torch.Tensor:
+    """Proposals' ranking scores: ``sid + weight * head`` [R, J], the head's missing rows
+    filled by :func:`head_floor`; ``valid`` [R, J] marks real proposals (others -inf)."""
+    out = sid_scores + weight * head_floor(head_scores, valid)
     return torch.where(valid, out, torch.full_like(out, float("-inf")))
 
 

@@ -31,10 +31,9 @@ SUMMARY_FILE = "model.json"
 Validate = Callable[[nn.Module], dict[str, float] | None]
 # load a checkpoint folder's weights into a model
 LoadInto = Callable[[nn.Module, Path], None]
-# a task's last word on the final model (given with its folder, before it is published, and
-# its validation metric as already measured, {monitor: value}): what to add to the summary
-# (e.g. a ranking setting chosen on validation, saved in the folder)
-Refine = Callable[[nn.Module, Path, dict[str, Any]], dict[str, Any]]
+# a task's last word on the final model (given with its folder, before it is published):
+# what to add to the summary (e.g. a ranking setting chosen on validation, saved in the folder)
+Refine = Callable[[nn.Module, Path], dict[str, Any]]
 
 
 def prune_epochs(out: Path, best_epoch: int | None, window: int) -> None:
@@ -64,14 +63,16 @@ def _label(epochs: list[int]) -> str:
 
 
 def finish_run(model: nn.Module, out: Path, window: int, monitor: str, state: dict[str, Any],
-               validate: Validate, load_into: LoadInto, refine: Refine | None = None
-               ) -> dict[str, Any]:
+               validate: Validate, load_into: LoadInto, refine: Refine | None = None,
+               validate_final: Validate | None = None) -> dict[str, Any]:
     """Choose and write the run's final model (``OUT/model``, ``OUT/model.json``) and leave
     ``model`` holding its weights; returns the summary written to ``model.json``, with what
     ``refine`` (called with the chosen model and its folder before it is published) adds.
 
     ``state``: the loop's (``epoch``, ``best_epoch``, ``best_metric``). Without validation
-    metrics the best epoch (the last one) is the final model. A summary of the same finished
+    metrics the best epoch (the last one) is the final model. ``validate_final``: the
+    candidates' validation (default ``validate``; another, e.g. on a larger sample, measures
+    the best epoch again too). A summary of the same finished
     epoch is kept as it is (a finished run resumed)."""
     summary_file = out / SUMMARY_FILE
     if summary_file.is_file() and (out / MODEL / "config.json").is_file():
@@ -80,6 +81,10 @@ def finish_run(model: nn.Module, out: Path, window: int, monitor: str, state: di
             load_into(model, out / MODEL)
             return summary
     best_epoch, best_metric = state["best_epoch"], state["best_metric"]
+    if validate_final is not None and best_metric is not None and window > 0:
+        load_into(model, out / BEST)
+        best_metric = (validate_final(model.eval()) or {}).get(monitor)
+    validate = validate_final or validate
     candidates: list[dict[str, Any]] = [{"model": _label([best_epoch]), "epochs": [best_epoch],
                                          monitor: best_metric}]
     chosen, chosen_folder = candidates[0], out / BEST
@@ -109,8 +114,7 @@ def finish_run(model: nn.Module, out: Path, window: int, monitor: str, state: di
         shutil.copytree(out / BEST, tmp, ignore=shutil.ignore_patterns(STATE_FILE))
         chosen_folder = tmp
     load_into(model, chosen_folder)
-    measured = {monitor: chosen[monitor]} if chosen[monitor] is not None else {}
-    extra = refine(model, chosen_folder, measured) if refine is not None else {}
+    extra = refine(model, chosen_folder) if refine is not None else {}
     swap_in(chosen_folder, out / MODEL)
     summary = {"epoch": state["epoch"], "chosen": chosen["model"], "monitor": monitor,
                "candidates": candidates, **extra}

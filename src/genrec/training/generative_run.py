@@ -72,6 +72,7 @@ class GenerativeTrainConfig:
     choose_item_weight: bool = True
     max_history: int = 20
     val_users: int = 2000
+    final_val_users: int = 10_000
     beam_width: int = 20
     seed: int = 0
     resume: bool = False
@@ -214,6 +215,9 @@ def train_generative(
     model.set_dropout(recipe["dropout"])
     val = split_examples(ds.sequences, "val", c.max_history, c.val_users, c.seed) \
         if c.val_users else []
+    final = split_examples(ds.sequences, "val", c.max_history, c.final_val_users, c.seed) \
+        if c.val_users and c.final_val_users > c.val_users else []
+    final = final if len(final) > len(val) else None  # else the same sample
     task = gen.GenerativeTask(
         vocab, train, vectors, c.batch_tokens, c.seed, val,
         c.beam_width, user_ids=ds.user_ids, user_vector_source=source,
@@ -221,6 +225,8 @@ def train_generative(
         mask_history=c.mask_history, val_exclude=full_histories(ds.sequences, val, "val"),
         item_loss_weight=c.item_loss_weight,
         item_weights=gen.ITEM_WEIGHTS if c.choose_item_weight else (),
+        final_examples=final,
+        final_exclude=None if final is None else full_histories(ds.sequences, final, "val"),
     )
     if main:
         write_train_args(c.out, args, c.resume)

@@ -9,7 +9,7 @@ first is a target exactly once.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -82,7 +82,9 @@ class GenerativeTask:
     recommends them (``val_exclude``: per validation example, the items to exclude).
     ``item_loss_weight``: the item head's cross-entropy's weight beside the Semantic IDs'.
     ``item_weights``: the ranking weights :meth:`finish` chooses from on validation (empty:
-    none chosen, the engine's default).
+    none chosen, the engine's default). ``final_examples`` (``final_exclude`` their items to
+    exclude under ``mask_history``): a larger validation sample for choosing the run's final
+    model (:meth:`validate_final`, :meth:`finish`; None: ``val_examples``).
     """
 
     def __init__(
@@ -95,6 +97,8 @@ class GenerativeTask:
         texts: Sequence[Sequence[int]] | None = None, extra_files: dict[str, bytes] | None = None,
         mask_history: bool = False, val_exclude: Sequence[Sequence[int]] | None = None,
         item_loss_weight: float = 1.0, item_weights: Sequence[float] = ITEM_WEIGHTS,
+        final_examples: Sequence[Example] | None = None,
+        final_exclude: Sequence[Sequence[int]] | None = None,
     ) -> None:
         self.vocab, self.user_vectors = vocab, user_vectors
         self.batch_tokens, self.seed = batch_tokens, seed
@@ -110,6 +114,12 @@ class GenerativeTask:
         if val_exclude is not None and len(val_exclude) != len(self.val_examples):
             raise ValueError(f"val_exclude: {len(val_exclude)} lists for "
                              f"{len(self.val_examples)} validation examples")
+        self.final_examples, self.final_exclude = self.val_examples, val_exclude
+        if final_examples is not None:
+            self.final_examples, self.final_exclude = list(final_examples), final_exclude
+        if final_exclude is not None and len(final_exclude) != len(self.final_examples):
+            raise ValueError(f"final_exclude: {len(final_exclude)} lists for "
+                             f"{len(self.final_examples)} examples")
         self.priors: list[torch.Tensor] = []  # per window: the user's items before its last
         if texts is not None and len(texts) != len(train_sequences):
             raise ValueError(f"texts: {len(texts)} entries for {len(train_sequences)} users")
@@ -201,27 +211,52 @@ class GenerativeTask:
 
         if not self.val_examples:
             return None
-        if self._engine is None or self._engine.model is not model:
-            self._engine = Engine(model, config=EngineConfig(soft_token_id=self.vocab.soft_id),
-                                  vocab=self.vocab)
         return evaluate_generative(
-            self._engine, self.val_examples, self.user_vectors, beam_width=self.beam_width,
-            batch_size=self.val_batch_size, progress=self.progress,
+            self._engine_of(model), self.val_examples, self.user_vectors,
+            beam_width=self.beam_width, batch_size=self.val_batch_size, progress=self.progress,
             exclude=self.val_exclude if self.mask_history else None, item_weight=item_weight,
         )
 
-    def finish(self, model: DecoderLM, folder: Path, measured: dict | None = None) -> dict:
+    @property
+    def final_validation(self) -> Callable[[DecoderLM], dict[str, float] | None] | None:
+        """The validation the run's final model is chosen with where it differs from the
+        epochs' (:meth:`validate_final` on a separate sample); None: :meth:`validate`."""
+        return self.validate_final if self.final_examples is not self.val_examples else None
+
+    def validate_final(self, model: DecoderLM) -> dict[str, float] | None:
+        """:meth:`validate` on the final-choice sample (``final_examples``)."""
+        from genrec.evaluation.full_catalog import evaluate_generative
+
+        if not self.val_examples or not self.final_examples:
+            return None
+        return evaluate_generative(
+            self._engine_of(model), self.final_examples, self.user_vectors,
+            beam_width=self.beam_width, batch_size=self.val_batch_size, progress=self.progress,
+            exclude=self.final_exclude if self.mask_history else None,
+        )
+
+    def _engine_of(self, model: DecoderLM) -> Engine:
+        if self._engine is None or self._engine.model is not model:
+            self._engine = Engine(model, config=EngineConfig(soft_token_id=self.vocab.soft_id),
+                                  vocab=self.vocab)
+        return self._engine
+
+    def finish(self, model: DecoderLM, folder: Path) -> dict:
         """For a model with an item head: validate the run's final ``model`` (saved in
-        ``folder``) ranked with each of ``item_weights``, save the best by NDCG@10 in the
-        folder's ``generation_config.json`` (what the engine then ranks with by default; a
-        tie keeps :data:`DEFAULT_ITEM_WEIGHT`) and return ``{"item_weight": best,
-        "item_weights": {weight: NDCG@10}}``; ``{}`` otherwise. ``measured``: the model's
-        validation metrics at the default weight where already known (not validated again)."""
-        if model.item_head is None or not self.val_examples or not self.item_weights:
+        ``folder``) on the final-choice sample ranked with each of ``item_weights`` (one
+        search: :func:`evaluate_item_weights`), save the best by NDCG@10 in the folder's
+        ``generation_config.json`` (what the engine then ranks with by default; a tie keeps
+        :data:`DEFAULT_ITEM_WEIGHT`) and return ``{"item_weight": best, "item_weights":
+        {weight: NDCG@10}}``; ``{}`` otherwise."""
+        from genrec.evaluation.full_catalog import evaluate_item_weights
+
+        if model.item_head is None or not self.final_examples or not self.item_weights:
             return {}
-        known = (measured or {}).get("ndcg@10")
-        ndcg = {w: known if known is not None and w == DEFAULT_ITEM_WEIGHT
-                else self.validate(model.eval(), w)["ndcg@10"] for w in self.item_weights}
+        by_weight = evaluate_item_weights(
+            self._engine_of(model.eval()), self.final_examples, self.item_weights,
+            self.user_vectors, beam_width=self.beam_width, batch_size=self.val_batch_size,
+            progress=self.progress, exclude=self.final_exclude if self.mask_history else None)
+        ndcg = {w: m["ndcg@10"] for w, m in by_weight.items()}
         best = max(ndcg, key=lambda w: (ndcg[w], w == DEFAULT_ITEM_WEIGHT))
         save_item_weight(folder, best)
         return {"item_weight": best, "item_weights": {str(w): v for w, v in ndcg.items()}}

@@ -117,7 +117,8 @@ def fit(
     final = None
     if train.view is not None:
         final = finish_run(train.view, out, cfg.average, cfg.monitor, state, task.validate,
-                           load_weights, getattr(task, "finish", None))
+                           load_weights, getattr(task, "finish", None),
+                           getattr(task, "final_validation", None))
         if not cfg.keep_epochs:
             shutil.rmtree(out / EPOCHS, ignore_errors=True)
     world.barrier()

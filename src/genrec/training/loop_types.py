@@ -17,7 +17,9 @@ from genrec.training.sharding import SHARDINGS
 class TrainTask(Protocol):
     """What the loop needs from a task; batches must be deterministic in (seed, epoch). A
     task may also define ``finish(model, folder) -> dict``: called once with the run's final
-    model and its folder before it is published (:mod:`genrec.training.final_model`)."""
+    model and its folder before it is published, and ``final_validation``: None or the
+    validation the final model is chosen with (e.g. on a larger sample;
+    :mod:`genrec.training.final_model`)."""
 
     def num_batches(self, epoch: int) -> int: ...
 
