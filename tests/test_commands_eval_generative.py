@@ -1,5 +1,5 @@
-"""``genrec eval`` of an ensemble of generative models (single models: see
-test_commands_train_generative.py)."""
+"""``genrec eval`` of an ensemble of generative models and of item weights from one search
+(single models: see test_commands_train_generative.py)."""
 
 from __future__ import annotations
 
@@ -52,3 +52,24 @@ def test_ensemble_refuses_soft_tokens_and_other_indexes(tmp_path: Path) -> None:
     result = runner.invoke(app, ["eval", "--model", str(plain), "--ensemble",
                                  str(tmp_path / "missing"), "--data", str(data), *EVAL])
     assert result.exit_code == 1 and "missing" in result.output
+
+
+def test_item_weights_from_one_search(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "toy")
+    invoke("index", "--data", data, "--out", tmp_path / "index.json")
+    run = tmp_path / "run"
+    invoke("train", "generative", "--data", data, "--index", tmp_path / "index.json",
+           "--out", run, "--no-choose-item-weight", *TINY)
+    out = invoke("eval", "--model", run, "--data", data, "--split", "val", "--mask-history",
+                 "--item-weights", "1,3,20", "--json", tmp_path / "sweep.json", *EVAL)
+    assert all(f"w {w}" in out for w in ("1 ", "3 ", "20 "))
+    sweep = json.loads((tmp_path / "sweep.json").read_text())
+    assert set(sweep["by_item_weight"]) == {"1.0", "3.0", "20.0"}
+    invoke("eval", "--model", run, "--data", data, "--split", "val", "--mask-history",
+           "--item-weight", "20", "--json", tmp_path / "one.json", *EVAL)
+    one = json.loads((tmp_path / "one.json").read_text())
+    assert {k: one[k] for k in KEYS} == {k: sweep["by_item_weight"]["20.0"][k] for k in KEYS}
+    for bad in ("0,1", "1,x", "2,2", ""):
+        result = runner.invoke(app, ["eval", "--model", str(run), "--data", str(data),
+                                     "--item-weights", bad, *EVAL])
+        assert result.exit_code != 0 and "--item-weights" in result.output

@@ -59,6 +59,10 @@ def eval_command(
         min=0.0, help="Generative models with an item head: weight of its log-probability in "
                       "the ranking of the proposals (0: Semantic IDs alone; default: the "
                       "model's own, chosen on validation when trained, else 3).")] = None,
+    item_weights: Annotated[str | None, typer.Option(
+        help="Generative models with an item head: comma-separated weights (e.g. "
+             "1,2,3,5,10,20) evaluated from one search, one row each (instead of "
+             "--item-weight).")] = None,
     head_proposals: Annotated[int | None, typer.Option(
         min=0, help="Generative models with an item head: the head's own proposals per user, "
                     "pooled with the beam's (default: --beam-width).")] = None,
@@ -76,6 +80,9 @@ def eval_command(
 
     if split not in ("test", "val"):
         raise typer.BadParameter(f"--split must be 'test' or 'val', got {split!r}")
+    weights = parse_weights(item_weights) if item_weights is not None else None
+    if weights is not None and (item_weight is not None or ensemble):
+        raise typer.BadParameter("--item-weights: not with --item-weight or --ensemble")
     folder = model_folder(model)
     if (folder / "duolm.json").is_file():
         if ensemble:
@@ -99,7 +106,7 @@ def eval_command(
                 raise ValueError(f"--ensemble: {err}") from None
         metrics = evaluate_split(engine, ds.sequences, split, vectors, beam_width, users, seed,
                                  batch_size, progress, mask_history, item_weight,
-                                 head_proposals)
+                                 head_proposals, weights)
         pop = popularity_split(ds.sequences, ds.num_items, split, engine.vocab.max_history,
                                users, seed, mask_history)  # the same users and masking
     except INPUT_ERRORS as err:
@@ -110,19 +117,39 @@ def eval_command(
     # the weight used: given, else the model's own (an ensemble's members: each its own)
     metrics["item_weight"] = item_weight if item_weight is not None else getattr(
         engine, "item_weight", None)
+    rows = [("model", metrics)]
+    if weights is not None:
+        metrics["item_weight"] = None
+        rows = [(f"w {w:g}", m) for w, m in metrics["by_item_weight"].items()]
+        metrics["by_item_weight"] = {str(w): m for w, m in metrics["by_item_weight"].items()}
     metrics["head_proposals"] = head_proposals
     metrics["models"] = [str(m) for m in [model, *(ensemble or [])]]
     keys = ("recall@5", "ndcg@5", "recall@10", "ndcg@10")
     typer.echo(f"{ds.name} {split}: {metrics['n_users']} users, beam {beam_width}, history "
                f"{'masked' if mask_history else 'not masked'}, {metrics['wall_seconds']:.1f} s")
     typer.echo(f"{'':<10}" + "  ".join(f"{k:>9}" for k in keys))
-    typer.echo(f"{'model':<10}" + "  ".join(f"{metrics[k]:>9.4f}" for k in keys))
+    for name, row in rows:
+        typer.echo(f"{name:<10}" + "  ".join(f"{row[k]:>9.4f}" for k in keys))
     typer.echo(f"{'popularity':<10}" + "  ".join(f"{pop[k]:>9.4f}" for k in keys))
-    typer.echo(f"{'model/pop':<10}" + "  ".join(
-        f"{metrics[k] / pop[k]:>8.1f}x" if pop[k] else f"{'-':>9}" for k in keys))
+    for name, row in rows:
+        typer.echo(f"{name + '/pop':<10}" + "  ".join(
+            f"{row[k] / pop[k]:>8.1f}x" if pop[k] else f"{'-':>9}" for k in keys))
     metrics["popularity"] = {k: pop[k] for k in keys}
     if json_path is not None:
         atomic_write_json(json_path, metrics)
+
+
+def parse_weights(text: str) -> list[float]:
+    """``--item-weights``: comma-separated positive weights, each once."""
+    try:
+        weights = [float(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"--item-weights: numbers separated by commas, got "
+                                 f"{text!r}") from None
+    if not weights or any(not 0 < w < float("inf") for w in weights) or \
+            len(set(weights)) < len(weights):
+        raise typer.BadParameter(f"--item-weights: distinct weights > 0, got {text!r}")
+    return weights
 
 
 def load_generative(model: Path, ds: Dataset, split: str, device: str,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from tqdm.auto import tqdm
@@ -141,19 +141,29 @@ def evaluate_split(
     user_vectors: torch.Tensor | None = None, beam_width: int = DEFAULT_BEAM_WIDTH,
     users: int | None = None, seed: int = 0, batch_size: int = 128, progress: bool = False,
     mask_history: bool = False, item_weight: float | None = None,
-    head_proposals: int | None = None,
-) -> dict[str, float]:
+    head_proposals: int | None = None, item_weights: Sequence[float] | None = None,
+) -> dict[str, Any]:
     """:func:`evaluate_generative` on a leave-one-out split of ``sequences`` (full per-user
     sequences), with the wall time in ``"seconds"``; ``mask_history``: never recommend an item
-    the user already has (:func:`full_histories`, passed to the search as ``exclude``)."""
+    the user already has (:func:`full_histories`, passed to the search as ``exclude``).
+    ``item_weights`` (an engine whose model has an item head): the metrics at each weight
+    instead, from one search (:func:`evaluate_item_weights`), under ``"by_item_weight"``."""
     if engine.vocab is None:
         raise ValueError("engine: not a generative model (no Semantic-ID vocabulary)")
     examples = split_examples(sequences, split, engine.vocab.max_history, users, seed)
     exclude = full_histories(sequences, examples, split) if mask_history else None
     start = time.perf_counter()
-    metrics = evaluate_generative(engine, examples, user_vectors, beam_width,
-                                  batch_size=batch_size, progress=progress, exclude=exclude,
-                                  item_weight=item_weight, head_proposals=head_proposals)
+    if item_weights:
+        by_weight = evaluate_item_weights(engine, examples, item_weights, user_vectors,
+                                          beam_width, batch_size=batch_size, progress=progress,
+                                          exclude=exclude, head_proposals=head_proposals)
+        metrics: dict[str, Any] = {"by_item_weight": by_weight, "n_users": len(examples),
+                                   "beam_width": beam_width}
+    else:
+        metrics = evaluate_generative(engine, examples, user_vectors, beam_width,
+                                      batch_size=batch_size, progress=progress,
+                                      exclude=exclude, item_weight=item_weight,
+                                      head_proposals=head_proposals)
     metrics["seconds"] = time.perf_counter() - start
     return metrics
 
