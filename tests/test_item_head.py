@@ -220,3 +220,21 @@ def test_composing_needs_the_items_semantic_ids() -> None:
         dataclasses.replace(cfg, item_compose=True)
     with pytest.raises(ValueError, match="compose"):
         ItemHead(4, 8, 0, torch.nn.Embedding(10, 8))
+
+
+def test_item_input_dropout_leaves_items_out_in_training_only() -> None:
+    vocab = tiny_vocab()
+    model = inputs_model(vocab).eval()
+    head = model.item_head
+    ids = torch.tensor(vocab.prompt(list(range(6))))
+    base = torch.zeros(len(ids), head.weight.shape[1])
+    added = lambda: (head.add_inputs(base, ids).abs().sum(1) > 0).sum().item()  # noqa: E731
+    assert added() == 6
+    head.input_dropout = 1.0
+    assert added() == 6  # eval mode: every item's embedding, whatever the setting
+    model.train()
+    assert added() == 0  # training: all left out (they enter by their Semantic IDs)
+    head.input_dropout = 0.5
+    torch.manual_seed(0)
+    counts = {added() for _ in range(20)}
+    assert min(counts) < 6 and max(counts) > 0 and len(counts) > 1

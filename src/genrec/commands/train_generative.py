@@ -78,6 +78,10 @@ def train_generative(
         help="The item head scores each item with its own embedding plus the sum of its "
              "Semantic-ID tokens' embeddings (items sharing ID prefixes share strength; needs "
              "--item-inputs).")] = False,
+    item_input_dropout: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="In training, the share of history items whose item-head "
+                               "embedding is left out of the input (they enter by their "
+                               "Semantic IDs alone, as new items do).")] = 0.0,
     mask_history: Annotated[bool, typer.Option(
         help="Train the item head for serving that never recommends an item the user already "
              "has (genrec eval --mask-history, RecommendRequest.exclude): its softmax over items "

@@ -49,6 +49,8 @@ class ItemHead(nn.Module):
             raise ValueError("compose: a composed item head needs the items' Semantic IDs")
         # held in a tuple: the decoder owns (and saves) the embedding, the head only reads it
         self._compose = (compose,) if compose is not None else ()
+        # training only, not saved: the share of items whose input embedding is left out
+        self.input_dropout = 0.0
         self._lookup: tuple[torch.Tensor, ...] | None = None  # built from item_tokens on use
 
     @property
@@ -104,9 +106,13 @@ class ItemHead(nn.Module):
         return out
 
     def add_inputs(self, embeds: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-        """``embeds`` [T, hidden] with ``weight[item]`` added at each item's last token."""
+        """``embeds`` [T, hidden] with ``weight[item]`` added at each item's last token (in
+        training, each left out with probability ``input_dropout``: that item then enters by
+        its Semantic IDs alone, as an item added after training does)."""
         items = self.input_items(token_ids.to(embeds.device))
         at = torch.nonzero(items >= 0)[:, 0]
+        if self.training and self.input_dropout:
+            at = at[torch.rand(at.numel(), device=at.device) >= self.input_dropout]
         if not at.numel():
             return embeds
         return embeds.index_add(0, at, self.weight[items[at]].to(embeds.dtype))

@@ -57,6 +57,7 @@ class GenerativeTrainConfig:
     item_head: bool | None = None
     item_inputs: bool | None = None
     item_compose: bool = False
+    item_input_dropout: float = 0.0
     mask_history: bool = False
     item_loss_weight: float = 1.0
     epochs: int | None = None
@@ -178,6 +179,8 @@ def train_generative(
     args["item_inputs"] = item_inputs
     if c.item_compose and not item_inputs:
         raise ValueError("--item-compose needs the item inputs (--item-inputs)")
+    if c.item_input_dropout and not item_inputs:
+        raise ValueError("--item-input-dropout needs the item inputs (--item-inputs)")
     train = training_sequences(ds.sequences)
     recipe = pick_recipe(train, {k: getattr(c, k) for k in RECIPE_KEYS}, main, echo)
     args |= recipe
@@ -213,6 +216,8 @@ def train_generative(
             init_weights(model)
             gen.set_item_tokens(model, vocab)
     model.set_dropout(recipe["dropout"])
+    if model.item_head is not None:
+        model.item_head.input_dropout = c.item_input_dropout
     val = split_examples(ds.sequences, "val", c.max_history, c.val_users, c.seed) \
         if c.val_users else []
     final = split_examples(ds.sequences, "val", c.max_history, c.final_val_users, c.seed) \
