@@ -158,16 +158,21 @@ def test_bad_input_names_the_option(tmp_path: Path) -> None:
     assert result.exit_code != 0 and "--item-compose" in result.output
 
 
-def test_composed_item_head_trains_and_evaluates(tmp_path: Path) -> None:
+def test_composed_item_head_with_history_bias_trains_and_evaluates(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "toy")
     invoke("index", "--data", data, "--out", tmp_path / "index.json")
     run = tmp_path / "run"
     invoke("train", "generative", "--data", data, "--index", tmp_path / "index.json",
-           "--out", run, "--epochs", "1", "--item-compose", "--mask-history", "--hidden", "16",
+           "--out", run, "--epochs", "1", "--item-compose", "--history-bias",
+           "--item-input-dropout", "0.2", "--mask-history", "--hidden", "16",
            "--layers", "1", "--heads", "2", "--kv-heads", "1", "--head-dim", "8",
            "--batch-tokens", "200", "--max-history", "3", "--val-users", "10", "--beam-width",
            "10", "--no-progress", "--device", "cpu")
-    assert json.loads((run / "model" / "config.json").read_text())["genrec"]["item_compose"]
+    config = json.loads((run / "model" / "config.json").read_text())["genrec"]
+    assert config["item_compose"] and config["history_bias"]
+    from genrec.model import load_model
+
+    assert load_model(run / "model").item_head.history_bias.item() != 0.0  # learned
     out = invoke("eval", "--model", run, "--data", data, "--json", tmp_path / "m.json",
                  "--beam-width", "10", "--no-progress", "--device", "cpu", "--mask-history")
     assert "ndcg@10" in out and json.loads((tmp_path / "m.json").read_text())["n_users"] > 0

@@ -13,7 +13,7 @@ from item_head_support import N_ITEMS, SIZES, head_engine, inputs_model, tiny_vo
 from genrec import BeamParams, Engine, EngineConfig
 from genrec.engine import RowRequest
 from genrec.model import load_model, save_model
-from genrec.model.item_head import ItemHead, combine, pick
+from genrec.model.item_head import ItemHead, combine, item_loss, pick
 from genrec.model.registry import build_model
 from genrec.training.generative_task import (
     GenerativeTask,
@@ -238,3 +238,50 @@ def test_item_input_dropout_leaves_items_out_in_training_only() -> None:
     torch.manual_seed(0)
     counts = {added() for _ in range(20)}
     assert min(counts) < 6 and max(counts) > 0 and len(counts) > 1
+
+
+def test_history_bias_is_added_at_each_rows_own_items_and_learned() -> None:
+    head = ItemHead(6, 4, history_bias=True)
+    with torch.no_grad():
+        head.history_bias.fill_(-2.0)
+    logits = torch.zeros(2, 6)
+    seen = torch.tensor([[1, 1, 4, -1], [5, 9, -1, -1]])  # repeats count once; 9: no row
+    out = head.with_history(logits, seen)
+    assert out.tolist() == [[0, -2, 0, 0, -2, 0], [0, 0, 0, 0, 0, -2]]
+    assert torch.equal(ItemHead(6, 4).with_history(logits, seen), logits)  # no bias: as is
+    # the loss keeps the user's items in the softmax with the bias (not hidden) and learns it
+    hidden = torch.randn(2, 4)
+    loss = item_loss(head, hidden, torch.tensor([2, 3]), seen)
+    expected = F.cross_entropy(head.with_history(head.logits(hidden), seen), torch.tensor([2, 3]))
+    torch.testing.assert_close(loss, expected)
+    loss.backward()
+    assert head.history_bias.grad is not None and head.history_bias.grad.item() > 0
+    with pytest.raises(ValueError, match="history_bias needs an item head"):
+        scratch_config(tiny_vocab(), hidden=32, layers=1, heads=4, kv_heads=2, head_dim=8,
+                       history_bias=True)
+
+
+def test_a_learned_history_bias_ranks_the_users_own_items_as_learned(tmp_path) -> None:
+    vocab = tiny_vocab()
+    torch.manual_seed(0)
+    cfg = scratch_config(vocab, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8,
+                         item_head=True, history_bias=True)
+    model = build_model(cfg)
+    with torch.no_grad():
+        model.item_head.weight.mul_(100)
+    save_model(model, tmp_path)
+    assert load_model(tmp_path).config.history_bias
+    history = [3, 17, 8, 20]
+    request = RowRequest(history=history)
+    params = BeamParams(beam_width=N_ITEMS, n=10, item_weight=3.0)
+    engine = Engine(model, config=EngineConfig(soft_token_id=SOFT_ID), vocab=vocab)
+    plain = build_model(dataclasses.replace(cfg, history_bias=False))
+    plain.load_state_dict(model.state_dict(), strict=False)
+    [as_plain] = Engine(plain, config=EngineConfig(soft_token_id=SOFT_ID),
+                        vocab=vocab).recommend_rows([request], params)
+    assert engine.recommend_rows([request], params)[0] == as_plain  # a zero bias: no change
+    with torch.no_grad():
+        model.item_head.history_bias.fill_(-1e4)  # learned: users never take an item again
+    [rec] = engine.recommend_rows([request], params)
+    [masked] = engine.recommend_rows([RowRequest(history=history, exclude=history)], params)
+    assert not set(rec.items) & set(history) and rec.items == masked.items

@@ -78,6 +78,10 @@ def train_generative(
         help="The item head scores each item with its own embedding plus the sum of its "
              "Semantic-ID tokens' embeddings (items sharing ID prefixes share strength; needs "
              "--item-inputs).")] = False,
+    history_bias: Annotated[bool, typer.Option(
+        help="The item head learns one bias for the items already in the user's history (at "
+             "serving: the request's history), so a model learns from the data whether users "
+             "take an item again.")] = False,
     item_input_dropout: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="In training, the share of history items whose item-head "
                                "embedding is left out of the input (they enter by their "

@@ -149,7 +149,7 @@ class Ensemble:
         batch = engine.pack(prompts, [[] for _ in prompts], [q.user_vector for q in requests],
                             require_branches=False)
         with torch.no_grad():
-            logp = head_log_probs(engine.model, engine.embed(batch), batch).cpu()
+            logp = head_log_probs(engine.model, engine.embed(batch), batch, requests).cpu()
         return with_head(sid, logp, items, item_weight)
 
 

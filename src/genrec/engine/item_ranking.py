@@ -47,11 +47,18 @@ def sid_logprobs(score: ScoreFn, requests: Sequence[RowRequest],
     return out
 
 
-def head_log_probs(model: DecoderLM, embeds: torch.Tensor, batch: PackedBatch) -> torch.Tensor:
+def head_log_probs(model: DecoderLM, embeds: torch.Tensor, batch: PackedBatch,
+                   requests: Sequence[RowRequest]) -> torch.Tensor:
     """The item head's log-probabilities [R, num_items of the head] after each prompt of
-    ``batch`` (prefixes only; ``embeds`` its input embeddings), on the device."""
+    ``batch`` (prefixes only; ``embeds`` its input embeddings), on the device; a head with a
+    history bias adds it at each of ``requests``' history items."""
     hidden = prompt_hidden(model, embeds, batch.prefix_lens, batch.prefix_last.to(model.device))
-    return model.item_head.log_probs(hidden)
+    seen = None
+    if model.item_head.history_bias is not None:
+        width = max((len(q.history) for q in requests), default=0)
+        seen = torch.tensor([list(q.history) + [-1] * (width - len(q.history))
+                             for q in requests], dtype=torch.long).reshape(len(requests), width)
+    return model.item_head.log_probs(hidden, seen)
 
 
 def with_head(sid: Sequence[torch.Tensor], logp: torch.Tensor, items: Sequence[Sequence[int]],
@@ -115,7 +122,7 @@ def pool_with_head(score: ScoreFn, model: DecoderLM, embeds: torch.Tensor,
     with the head's proposals (scored by ``score``), per request."""
     requests, catalog, params = prepared.requests, prepared.catalog, prepared.params
     device, head = model.device, model.item_head
-    logp = head_log_probs(model, embeds, prepared.batch)
+    logp = head_log_probs(model, embeds, prepared.batch, requests)
     extra: list[list[int]] = [[] for _ in requests]
     wanted = params.beam_width if params.head_proposals is None else params.head_proposals
     if wanted:

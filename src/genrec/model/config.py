@@ -60,7 +60,7 @@ _ARCH_BY_MODEL_TYPE = {layout.model_type: arch for arch, layout in _LAYOUTS.item
 
 # genrec's own config keys, under "genrec" in config.json
 _GENREC_KEYS = ("user_dim", "score_head", "sid_normalize", "item_head", "item_inputs",
-                "item_compose")
+                "item_compose", "history_bias")
 
 
 @dataclass
@@ -84,6 +84,8 @@ class ModelConfig:
     needs ``item_head``) also adds each item's head embedding to the input at its last
     Semantic-ID token, tied as in SASRec. ``item_compose`` (needs ``item_inputs``): each item's
     head vector is its own row plus the sum of its Semantic-ID tokens' input embeddings.
+    ``history_bias`` (needs ``item_head``): a learned scalar added to the head's logit of every
+    item already in the user's history (what the data says of taking an item again).
     """
 
     architecture: str = "Qwen3ForCausalLM"
@@ -109,6 +111,7 @@ class ModelConfig:
     item_head: int = 0
     item_inputs: int = 0
     item_compose: bool = False
+    history_bias: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -141,6 +144,10 @@ class ModelConfig:
             raise ValueError(f"item_compose must be true or false, got {self.item_compose!r}")
         if self.item_compose and not self.item_inputs:
             raise ValueError("item_compose needs the items' Semantic IDs (item_inputs > 0)")
+        if not isinstance(self.history_bias, bool):
+            raise ValueError(f"history_bias must be true or false, got {self.history_bias!r}")
+        if self.history_bias and not self.item_head:
+            raise ValueError("history_bias needs an item head (item_head > 0)")
         if self.sid_normalize not in ("full", "level"):
             raise ValueError(f"sid_normalize must be 'full' or 'level', got {self.sid_normalize!r}")
         if not self.rms_norm_eps > 0 or not self.rope_theta > 0:
@@ -245,6 +252,8 @@ class ModelConfig:
             out.setdefault("genrec", {})["item_inputs"] = self.item_inputs
         if self.item_compose:
             out.setdefault("genrec", {})["item_compose"] = True
+        if self.history_bias:
+            out.setdefault("genrec", {})["history_bias"] = True
         return out
 
 

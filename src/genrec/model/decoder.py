@@ -206,7 +206,7 @@ class DecoderLM(nn.Module):
         self.score_head = nn.Linear(cfg.hidden_size, 1) if cfg.score_head else None
         self.item_head = (
             ItemHead(cfg.item_head, cfg.hidden_size, cfg.item_inputs,
-                     self.model.embed_tokens if cfg.item_compose else None)
+                     self.model.embed_tokens if cfg.item_compose else None, cfg.history_bias)
             if cfg.item_head else None
         )
         # Training-time regularisation, not part of the checkpoint: applied to the input

@@ -35,10 +35,11 @@ from genrec.model.layout import Readout, prefix_last_layout, shared_layout
 class ItemHead(nn.Module):
     """Item embeddings [num_items, hidden], initialised N(0, 0.02) like the decoder's;
     ``levels`` > 0 also keeps each item's Semantic-ID tokens for item inputs; ``compose``: the
-    decoder's token embedding, whose rows of an item's tokens join its head vector."""
+    decoder's token embedding, whose rows of an item's tokens join its head vector;
+    ``history_bias``: a learned scalar added to the logits of the user's own items."""
 
     def __init__(self, num_items: int, hidden: int, levels: int = 0,
-                 compose: nn.Embedding | None = None) -> None:
+                 compose: nn.Embedding | None = None, history_bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_items, hidden).normal_(0.0, 0.02))
         if levels:
@@ -49,6 +50,7 @@ class ItemHead(nn.Module):
             raise ValueError("compose: a composed item head needs the items' Semantic IDs")
         # held in a tuple: the decoder owns (and saves) the embedding, the head only reads it
         self._compose = (compose,) if compose is not None else ()
+        self.history_bias = nn.Parameter(torch.zeros(())) if history_bias else None
         # training only, not saved: the share of items whose input embedding is left out
         self.input_dropout = 0.0
         self._lookup: tuple[torch.Tensor, ...] | None = None  # built from item_tokens on use
@@ -145,9 +147,23 @@ class ItemHead(nn.Module):
         """[N, hidden] -> [N, num_items] (fp32)."""
         return (hidden.to(self.weight.dtype) @ self.item_vectors().T).float()
 
-    def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
-        """log p_head(item | hidden) over all items: [N, hidden] -> [N, num_items] (fp32)."""
-        return torch.log_softmax(self.logits(hidden), dim=-1)
+    def log_probs(self, hidden: torch.Tensor, seen: torch.Tensor | None = None) -> torch.Tensor:
+        """log p_head(item | hidden) over all items: [N, hidden] -> [N, num_items] (fp32);
+        ``seen`` [N, width] (-1 padding): each row's own items, given the history bias."""
+        return torch.log_softmax(self.with_history(self.logits(hidden), seen), dim=-1)
+
+    def with_history(self, logits: torch.Tensor, seen: torch.Tensor | None) -> torch.Tensor:
+        """``logits`` [N, num_items] plus the history bias at each row's ``seen`` items
+        ([N, width], -1 padding; ids beyond the head ignored); unchanged without a bias."""
+        if self.history_bias is None or seen is None or not seen.numel():
+            return logits
+        if seen.shape[0] != logits.shape[0]:
+            raise ValueError(f"seen: {seen.shape[0]} rows for {logits.shape[0]}")
+        seen = seen.to(logits.device)
+        known = (seen >= 0) & (seen < logits.shape[1])
+        count = torch.zeros_like(logits, dtype=torch.int32)
+        count.scatter_add_(1, torch.where(known, seen, 0), known.to(torch.int32))
+        return logits + (count > 0) * self.history_bias.to(logits.dtype)
 
 
 def pick(log_probs: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
@@ -173,10 +189,13 @@ def hide_seen(logits: torch.Tensor, targets: torch.Tensor, seen: torch.Tensor) -
 def item_loss(head: ItemHead, hidden: torch.Tensor, items: torch.Tensor,
               seen: torch.Tensor | None = None) -> torch.Tensor:
     """Mean cross-entropy over all items of ``items`` [N] given ``hidden`` [N, hidden];
-    ``seen`` [N, width] (-1 padding): items each row's softmax leaves out, its target kept
-    (:mod:`genrec.training.seen_items`)."""
+    ``seen`` [N, width] (-1 padding): each row's earlier items (:mod:`genrec.training.seen_items`),
+    which get the head's history bias where it has one, else are left out of the softmax (the
+    target kept)."""
     logits = head.logits(hidden)
-    if seen is not None:
+    if seen is not None and head.history_bias is not None:
+        logits = head.with_history(logits, seen)
+    elif seen is not None:
         logits = hide_seen(logits, items, seen)
     return F.cross_entropy(logits, items)
 

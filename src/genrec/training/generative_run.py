@@ -58,6 +58,7 @@ class GenerativeTrainConfig:
     item_inputs: bool | None = None
     item_compose: bool = False
     item_input_dropout: float = 0.0
+    history_bias: bool = False
     mask_history: bool = False
     item_loss_weight: float = 1.0
     epochs: int | None = None
@@ -179,6 +180,8 @@ def train_generative(
     args["item_inputs"] = item_inputs
     if c.item_compose and not item_inputs:
         raise ValueError("--item-compose needs the item inputs (--item-inputs)")
+    if c.history_bias and not item_head:
+        raise ValueError("--history-bias needs the item head (--item-head)")
     if c.item_input_dropout and not item_inputs:
         raise ValueError("--item-input-dropout needs the item inputs (--item-inputs)")
     train = training_sequences(ds.sequences)
@@ -212,7 +215,7 @@ def train_generative(
             model = build_model(gen.scratch_config(
                 vocab, recipe["hidden"], recipe["layers"], recipe["heads"], recipe["kv_heads"],
                 recipe["head_dim"], c.intermediate, dim, item_head, item_inputs,
-                c.item_compose))
+                c.item_compose, c.history_bias))
             init_weights(model)
             gen.set_item_tokens(model, vocab)
     model.set_dropout(recipe["dropout"])
@@ -232,6 +235,7 @@ def train_generative(
         item_weights=gen.ITEM_WEIGHTS if c.choose_item_weight else (),
         final_examples=final,
         final_exclude=None if final is None else full_histories(ds.sequences, final, "val"),
+        history_bias=bool(model.item_head is not None and model.item_head.history_bias is not None),
     )
     if main:
         write_train_args(c.out, args, c.resume)

@@ -84,7 +84,8 @@ class GenerativeTask:
     ``item_weights``: the ranking weights :meth:`finish` chooses from on validation (empty:
     none chosen, the engine's default). ``final_examples`` (``final_exclude`` their items to
     exclude under ``mask_history``): a larger validation sample for choosing the run's final
-    model (:meth:`validate_final`, :meth:`finish`; None: ``val_examples``).
+    model (:meth:`validate_final`, :meth:`finish`; None: ``val_examples``). ``history_bias``:
+    batches carry each target's earlier items for a model whose head has a history bias.
     """
 
     def __init__(
@@ -98,7 +99,7 @@ class GenerativeTask:
         mask_history: bool = False, val_exclude: Sequence[Sequence[int]] | None = None,
         item_loss_weight: float = 1.0, item_weights: Sequence[float] = ITEM_WEIGHTS,
         final_examples: Sequence[Example] | None = None,
-        final_exclude: Sequence[Sequence[int]] | None = None,
+        final_exclude: Sequence[Sequence[int]] | None = None, history_bias: bool = False,
     ) -> None:
         self.vocab, self.user_vectors = vocab, user_vectors
         self.batch_tokens, self.seed = batch_tokens, seed
@@ -108,6 +109,7 @@ class GenerativeTask:
         soft = user_vectors is not None
         self.extra_files = dict(extra_files or {})
         self.mask_history, self.val_exclude = mask_history, val_exclude
+        self.track_seen = mask_history or history_bias
         if not item_loss_weight > 0:
             raise ValueError(f"item_loss_weight must be > 0, got {item_loss_weight}")
         self.item_loss_weight, self.item_weights = item_loss_weight, tuple(item_weights)
@@ -142,7 +144,7 @@ class GenerativeTask:
                 self.labels.append(torch.tensor(labels))
                 self.item_labels.append(torch.tensor(item_labels))
                 seen.append(list(seq[: start + 1]))
-                if mask_history:
+                if self.track_seen:
                     self.priors.append(whole[: start + len(window) - 1])  # a view
                 start += len(window) - 1
         if not self.ids:
@@ -181,7 +183,7 @@ class GenerativeTask:
             elif self.user_vectors is not None:
                 vectors = self.user_vectors[torch.tensor([self.users[i] for i in idx])]
             seen = seen_matrix([self.priors[i] for i in idx], [self.firsts[i] for i in idx]) \
-                if self.mask_history else None
+                if self.track_seen else None
             yield TrainBatch(ids, torch.cat([self.labels[i] for i in idx]),
                              [self.lengths[i] for i in idx], soft_rows, vectors,
                              self.vocab.soft_id, torch.cat([self.item_labels[i] for i in idx]),
@@ -281,11 +283,13 @@ def scratch_config(
     vocab: SidVocab, hidden: int = 128, layers: int = 4, heads: int = 4, kv_heads: int = 2,
     head_dim: int = 32, intermediate: int | None = None, user_dim: int = 0,
     item_head: bool = False, item_inputs: bool = False, item_compose: bool = False,
+    history_bias: bool = False,
 ) -> ModelConfig:
     """A Qwen3-architecture config over exactly the SID vocabulary, with tied embeddings and
     enough positions for a full prompt plus one generated item (``item_head``: a dense item
     head over the index's items; ``item_inputs``: its embeddings also on the input;
-    ``item_compose``: the head's item vectors include their Semantic-ID tokens' embeddings)."""
+    ``item_compose``: the head's item vectors include their Semantic-ID tokens' embeddings;
+    ``history_bias``: the head learns a bias for the user's own items)."""
     longest = 2 + (vocab.max_history + 1) * vocab.num_levels
     return ModelConfig(
         architecture="Qwen3ForCausalLM", vocab_size=vocab.vocab_size, hidden_size=hidden,
@@ -295,6 +299,7 @@ def scratch_config(
         tie_word_embeddings=True, user_dim=user_dim,
         item_head=vocab.index.num_items if item_head else 0,
         item_inputs=vocab.num_levels if item_inputs else 0, item_compose=item_compose,
+        history_bias=history_bias,
     )
 
 
