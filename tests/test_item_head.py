@@ -13,7 +13,7 @@ from item_head_support import N_ITEMS, SIZES, head_engine, inputs_model, tiny_vo
 from genrec import BeamParams, Engine, EngineConfig
 from genrec.engine import RowRequest
 from genrec.model import load_model, save_model
-from genrec.model.item_head import ItemHead, combine, item_loss, pick
+from genrec.model.item_head import HISTORY_BIAS_SCALE, ItemHead, combine, item_loss, pick
 from genrec.model.registry import build_model
 from genrec.training.generative_task import (
     GenerativeTask,
@@ -243,7 +243,7 @@ def test_item_input_dropout_leaves_items_out_in_training_only() -> None:
 def test_history_bias_is_added_at_each_rows_own_items_and_learned() -> None:
     head = ItemHead(6, 4, history_bias=True)
     with torch.no_grad():
-        head.history_bias.fill_(-2.0)
+        head.history_bias.fill_(-2.0 / HISTORY_BIAS_SCALE)
     logits = torch.zeros(2, 6)
     seen = torch.tensor([[1, 1, 4, -1], [5, 9, -1, -1]])  # repeats count once; 9: no row
     out = head.with_history(logits, seen)
@@ -281,7 +281,7 @@ def test_a_learned_history_bias_ranks_the_users_own_items_as_learned(tmp_path) -
                         vocab=vocab).recommend_rows([request], params)
     assert engine.recommend_rows([request], params)[0] == as_plain  # a zero bias: no change
     with torch.no_grad():
-        model.item_head.history_bias.fill_(-1e4)  # learned: users never take an item again
+        model.item_head.history_bias.fill_(-1e3)  # learned: users never take an item again
     [rec] = engine.recommend_rows([request], params)
     [masked] = engine.recommend_rows([RowRequest(history=history, exclude=history)], params)
     assert not set(rec.items) & set(history) and rec.items == masked.items

@@ -31,6 +31,9 @@ from torch import nn
 from genrec.model.layers import derived
 from genrec.model.layout import Readout, prefix_last_layout, shared_layout
 
+# logits per unit of ItemHead.history_bias
+HISTORY_BIAS_SCALE = 10.0
+
 
 class ItemHead(nn.Module):
     """Item embeddings [num_items, hidden], initialised N(0, 0.02) like the decoder's;
@@ -50,6 +53,8 @@ class ItemHead(nn.Module):
             raise ValueError("compose: a composed item head needs the items' Semantic IDs")
         # held in a tuple: the decoder owns (and saves) the embedding, the head only reads it
         self._compose = (compose,) if compose is not None else ()
+        # in units of HISTORY_BIAS_SCALE logits: Adam moves a parameter about lr per step, too
+        # slowly for one scalar whose right value may be tens of logits
         self.history_bias = nn.Parameter(torch.zeros(())) if history_bias else None
         # training only, not saved: the share of items whose input embedding is left out
         self.input_dropout = 0.0
@@ -163,7 +168,8 @@ class ItemHead(nn.Module):
         known = (seen >= 0) & (seen < logits.shape[1])
         count = torch.zeros_like(logits, dtype=torch.int32)
         count.scatter_add_(1, torch.where(known, seen, 0), known.to(torch.int32))
-        return logits + (count > 0) * self.history_bias.to(logits.dtype)
+        bias = HISTORY_BIAS_SCALE * self.history_bias.to(logits.dtype)
+        return logits + (count > 0) * bias
 
 
 def pick(log_probs: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
