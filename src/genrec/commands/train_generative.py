@@ -78,18 +78,19 @@ def train_generative(
         help="The item head scores each item with its own embedding plus the sum of its "
              "Semantic-ID tokens' embeddings (items sharing ID prefixes share strength; needs "
              "--item-inputs).")] = False,
-    history_bias: Annotated[bool, typer.Option(
+    history_bias: Annotated[bool | None, typer.Option(
         help="The item head learns one bias for the items already in the user's history (at "
              "serving: the request's history), so a model learns from the data whether users "
-             "take an item again.")] = False,
+             "take an item again. Default: on with the item head.")] = None,
     item_input_dropout: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="In training, the share of history items whose item-head "
                                "embedding is left out of the input (they enter by their "
                                "Semantic IDs alone, as new items do).")] = 0.0,
     mask_history: Annotated[bool, typer.Option(
         help="Train the item head for serving that never recommends an item the user already "
-             "has (genrec eval --mask-history, RecommendRequest.exclude): its softmax over items "
-             "leaves out the user's earlier items, and validation masks them.")] = False,
+             "has (genrec eval --mask-history, RecommendRequest.exclude): validation masks the "
+             "user's earlier items, and the head's softmax leaves them out (with "
+             "--no-history-bias; with the bias they stay in it, pushed down by it).")] = False,
     item_loss_weight: Annotated[float, typer.Option(
         min=0.0, help="The item head's cross-entropy's weight in the loss, beside the "
                       "Semantic IDs' (1: equal).")] = 1.0,

@@ -34,7 +34,7 @@ class GenerativeTrainConfig:
     with ``items`` and the ``table`` column arguments). Model sizes, ``dropout`` and
     ``epochs`` left None come from the data size's recipe (:func:`pick_recipe`);
     ``item_head`` None: on when training from scratch; ``item_inputs`` None: on with the item
-    head."""
+    head; ``history_bias`` None: on with the item head."""
 
     index: Path
     out: Path
@@ -58,7 +58,7 @@ class GenerativeTrainConfig:
     item_inputs: bool | None = None
     item_compose: bool = False
     item_input_dropout: float = 0.0
-    history_bias: bool = False
+    history_bias: bool | None = None
     mask_history: bool = False
     item_loss_weight: float = 1.0
     epochs: int | None = None
@@ -182,6 +182,8 @@ def train_generative(
         raise ValueError("--item-compose needs the item inputs (--item-inputs)")
     if c.history_bias and not item_head:
         raise ValueError("--history-bias needs the item head (--item-head)")
+    history_bias = item_head if c.history_bias is None else c.history_bias
+    args["history_bias"] = history_bias
     if c.item_input_dropout and not item_inputs:
         raise ValueError("--item-input-dropout needs the item inputs (--item-inputs)")
     train = training_sequences(ds.sequences)
@@ -215,7 +217,7 @@ def train_generative(
             model = build_model(gen.scratch_config(
                 vocab, recipe["hidden"], recipe["layers"], recipe["heads"], recipe["kv_heads"],
                 recipe["head_dim"], c.intermediate, dim, item_head, item_inputs,
-                c.item_compose, c.history_bias))
+                c.item_compose, history_bias))
             init_weights(model)
             gen.set_item_tokens(model, vocab)
     model.set_dropout(recipe["dropout"])
