@@ -166,10 +166,11 @@ class ItemHead(nn.Module):
             raise ValueError(f"seen: {seen.shape[0]} rows for {logits.shape[0]}")
         seen = seen.to(logits.device)
         known = (seen >= 0) & (seen < logits.shape[1])
-        count = torch.zeros_like(logits, dtype=torch.int32)
-        count.scatter_add_(1, torch.where(known, seen, 0), known.to(torch.int32))
+        rows = torch.arange(seen.shape[0], device=seen.device)[:, None].expand_as(seen)[known]
+        items = seen[known]
         bias = HISTORY_BIAS_SCALE * self.history_bias.to(logits.dtype)
-        return logits + (count > 0) * bias
+        # one copy of the logits; an item listed twice gets the same value twice (added once)
+        return logits.index_put((rows, items), logits[rows, items] + bias)
 
 
 def pick(log_probs: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
