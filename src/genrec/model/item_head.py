@@ -55,7 +55,8 @@ class ItemHead(nn.Module):
         self._compose = (compose,) if compose is not None else ()
         # in units of HISTORY_BIAS_SCALE logits: Adam moves a parameter about lr per step, too
         # slowly for one scalar whose right value may be tens of logits
-        self.history_bias = nn.Parameter(torch.zeros(())) if history_bias else None
+        # [1], not a scalar: FSDP shards no 0-d parameter
+        self.history_bias = nn.Parameter(torch.zeros(1)) if history_bias else None
         # training only, not saved: the share of items whose input embedding is left out
         self.input_dropout = 0.0
         self._lookup: tuple[torch.Tensor, ...] | None = None  # built from item_tokens on use
