@@ -209,15 +209,7 @@ class GenerativeTask:
                  ) -> dict[str, float] | None:
         """Recall/NDCG@5/10 on the validation examples (ranked with ``item_weight``, None: the
         engine's default); None when there are none."""
-        from genrec.evaluation.full_catalog import evaluate_generative
-
-        if not self.val_examples:
-            return None
-        return evaluate_generative(
-            self._engine_of(model), self.val_examples, self.user_vectors,
-            beam_width=self.beam_width, batch_size=self.val_batch_size, progress=self.progress,
-            exclude=self.val_exclude if self.mask_history else None, item_weight=item_weight,
-        )
+        return self._evaluate(model, self.val_examples, self.val_exclude, item_weight)
 
     @property
     def final_validation(self) -> Callable[[DecoderLM], dict[str, float] | None] | None:
@@ -227,14 +219,19 @@ class GenerativeTask:
 
     def validate_final(self, model: DecoderLM) -> dict[str, float] | None:
         """:meth:`validate` on the final-choice sample (``final_examples``)."""
+        return self._evaluate(model, self.final_examples, self.final_exclude)
+
+    def _evaluate(self, model: DecoderLM, examples: list[Example],
+                  exclude: Sequence[Sequence[int]] | None, item_weight: float | None = None
+                  ) -> dict[str, float] | None:
         from genrec.evaluation.full_catalog import evaluate_generative
 
-        if not self.val_examples or not self.final_examples:
+        if not examples:
             return None
         return evaluate_generative(
-            self._engine_of(model), self.final_examples, self.user_vectors,
-            beam_width=self.beam_width, batch_size=self.val_batch_size, progress=self.progress,
-            exclude=self.final_exclude if self.mask_history else None,
+            self._engine_of(model), examples, self.user_vectors, beam_width=self.beam_width,
+            batch_size=self.val_batch_size, progress=self.progress,
+            exclude=exclude if self.mask_history else None, item_weight=item_weight,
         )
 
     def _engine_of(self, model: DecoderLM) -> Engine:
