@@ -71,6 +71,11 @@ def test_a_separate_final_validation_measures_the_best_epoch_again_and_chooses(
     assert task.calls == 5 and task.final_calls == 3 and result.best_epoch == 3
     assert [c["ndcg@10"] for c in result.final["candidates"]] == [0.40, 0.45, 0.38]
     assert result.final["chosen"] == "mean of epochs 2-4"
+    # one epoch: no mean to compare it with, so it is not measured again
+    task = WithFinal([0.3])
+    result = fit(model_for(task), task, tmp_path / "one", LoopConfig(
+        epochs=1, lr=1e-2, progress=False, average=2))
+    assert task.final_calls == 0 and result.final["candidates"][0]["ndcg@10"] == 0.3
 
 
 def test_the_best_epoch_stays_when_no_mean_validates_better(tmp_path: Path) -> None:

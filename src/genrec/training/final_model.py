@@ -72,8 +72,8 @@ def finish_run(model: nn.Module, out: Path, window: int, monitor: str, state: di
     ``state``: the loop's (``epoch``, ``best_epoch``, ``best_metric``). Without validation
     metrics the best epoch (the last one) is the final model. ``validate_final``: the
     candidates' validation (default ``validate``; another, e.g. on a larger sample, measures
-    the best epoch again too). A summary of the same finished
-    epoch is kept as it is (a finished run resumed)."""
+    the best epoch again too, when there are means to compare it with). A summary of the same
+    finished epoch is kept as it is (a finished run resumed)."""
     summary_file = out / SUMMARY_FILE
     if summary_file.is_file() and (out / MODEL / "config.json").is_file():
         summary = json.loads(summary_file.read_text())
@@ -81,33 +81,33 @@ def finish_run(model: nn.Module, out: Path, window: int, monitor: str, state: di
             load_into(model, out / MODEL)
             return summary
     best_epoch, best_metric = state["best_epoch"], state["best_metric"]
-    if validate_final is not None and best_metric is not None and window > 0:
+    means = windows(out, best_epoch, window) if window > 0 and best_metric is not None else []
+    if validate_final is not None and means:  # the best epoch measured as the means will be
         load_into(model, out / BEST)
         best_metric = (validate_final(model.eval()) or {}).get(monitor)
     validate = validate_final or validate
     candidates: list[dict[str, Any]] = [{"model": _label([best_epoch]), "epochs": [best_epoch],
                                          monitor: best_metric}]
     chosen, chosen_folder = candidates[0], out / BEST
-    if window > 0 and best_metric is not None:
-        for epochs in windows(out, best_epoch, window):
-            folder = out / f".{MODEL}-{epochs[0]}-{epochs[-1]}.tmp"
+    for epochs in means:
+        folder = out / f".{MODEL}-{epochs[0]}-{epochs[-1]}.tmp"
+        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            average_checkpoints([epoch_folder(out, e) for e in epochs], folder)
+        except AveragingError as err:  # e.g. epochs of a run resumed with other settings
+            candidates.append({"model": _label(epochs), "epochs": epochs, monitor: None,
+                               "error": str(err)})
+            continue
+        load_into(model, folder)
+        metrics = validate(model.eval()) or {}
+        entry = {"model": _label(epochs), "epochs": epochs, monitor: metrics.get(monitor)}
+        candidates.append(entry)
+        if entry[monitor] is not None and entry[monitor] > chosen[monitor]:
+            if chosen_folder != out / BEST:
+                shutil.rmtree(chosen_folder, ignore_errors=True)
+            chosen, chosen_folder = entry, folder
+        else:
             shutil.rmtree(folder, ignore_errors=True)
-            try:
-                average_checkpoints([epoch_folder(out, e) for e in epochs], folder)
-            except AveragingError as err:  # e.g. epochs of a run resumed with other settings
-                candidates.append({"model": _label(epochs), "epochs": epochs, monitor: None,
-                                   "error": str(err)})
-                continue
-            load_into(model, folder)
-            metrics = validate(model.eval()) or {}
-            entry = {"model": _label(epochs), "epochs": epochs, monitor: metrics.get(monitor)}
-            candidates.append(entry)
-            if entry[monitor] is not None and entry[monitor] > chosen[monitor]:
-                if chosen_folder != out / BEST:
-                    shutil.rmtree(chosen_folder, ignore_errors=True)
-                chosen, chosen_folder = entry, folder
-            else:
-                shutil.rmtree(folder, ignore_errors=True)
     if chosen_folder == out / BEST:
         tmp = out / f".{MODEL}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
