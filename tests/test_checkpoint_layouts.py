@@ -20,7 +20,8 @@ from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.engine import RowRequest
 from genrec.model import build_layout, load_model, save_model
 from genrec.training.extend_vocab import adapt_pretrained
-from genrec.training.generative_task import GenerativeTask, batch_loss
+from genrec.training.generative_loss import batch_loss
+from genrec.training.generative_task import GenerativeTask
 from genrec.vocab.sid_vocab import SOFT_ID, SidVocab
 
 NAMES = list(PUBLISHED)

@@ -176,3 +176,38 @@ def test_composed_item_head_with_history_bias_trains_and_evaluates(tmp_path: Pat
     out = invoke("eval", "--model", run, "--data", data, "--json", tmp_path / "m.json",
                  "--beam-width", "10", "--no-progress", "--device", "cpu", "--mask-history")
     assert "ndcg@10" in out and json.loads((tmp_path / "m.json").read_text())["n_users"] > 0
+
+
+def test_a_run_distils_its_item_head_from_teachers(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "toy")
+    invoke("index", "--data", data, "--out", tmp_path / "index.json")
+    tiny = ["--data", data, "--index", tmp_path / "index.json", "--epochs", "1",
+            "--hidden", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1",
+            "--head-dim", "8", "--batch-tokens", "200", "--max-history", "3", "--val-users", "10",
+            "--beam-width", "10", "--no-progress", "--device", "cpu"]
+    invoke("train", "generative", "--out", tmp_path / "t1", *tiny)
+    invoke("train", "generative", "--out", tmp_path / "t2", "--seed", "1", "--mask-history",
+           "--no-history-bias", *tiny)
+    run = tmp_path / "student"
+    out = invoke("train", "generative", "--out", run, "--teacher", tmp_path / "t1" / "model",
+                 "--teacher", tmp_path / "t2" / "model", "--distill-weight", "0.7", *tiny)
+    assert "final model" in out
+    args = json.loads((run / "train_args.json").read_text())
+    assert args["teacher"] == [str(tmp_path / "t1" / "model"), str(tmp_path / "t2" / "model")]
+    assert args["distill_weight"] == 0.7
+    # a teacher over another index (the same codes, given to other items) is refused
+    codes = json.loads((data / "sid-rqvae" / "Toy.index.json").read_text())
+    keys = list(codes)
+    (tmp_path / "other-sid.json").write_text(json.dumps(dict(zip(keys, reversed(codes.values()),
+                                                                 strict=True))))
+    invoke("index", "--data", data, "--sid-file", tmp_path / "other-sid.json",
+           "--out", tmp_path / "other.json")
+    result = runner.invoke(app, ["train", "generative", "--out", str(tmp_path / "bad"),
+                                 "--teacher", str(tmp_path / "t1" / "model"),
+                                 *[str(a) for a in tiny[:2]], "--index",
+                                 str(tmp_path / "other.json"), *[str(a) for a in tiny[4:]]])
+    assert result.exit_code == 1 and "teacher 0" in result.output
+    result = runner.invoke(app, ["train", "generative", "--out", str(tmp_path / "bad"),
+                                 "--teacher", str(tmp_path / "t1" / "model"), "--no-item-head",
+                                 *[str(a) for a in tiny]])
+    assert result.exit_code == 1 and "--teacher" in result.output

@@ -33,7 +33,8 @@ from genrec.training.extend_vocab import (
     load_text_tokenizer,
     start_extended,
 )
-from genrec.training.generative_task import GenerativeTask, batch_loss
+from genrec.training.generative_loss import batch_loss
+from genrec.training.generative_task import GenerativeTask
 from genrec.training.windows import IGNORE, window_tokens
 from genrec.vocab.sid_vocab import NUM_SPECIAL, SidVocab
 

@@ -11,7 +11,8 @@ from genrec.data.split import training_sequences
 from genrec.model import build_model
 from genrec.model.checkpoint import load_model, save_model
 from genrec.training.extend_vocab import adapt_pretrained
-from genrec.training.generative_task import GenerativeTask, batch_loss, scratch_config
+from genrec.training.generative_loss import batch_loss
+from genrec.training.generative_task import GenerativeTask, scratch_config
 from genrec.training.initialization import init_weights
 from genrec.training.windows import IGNORE
 from genrec.vocab.sid_vocab import BOS_ID, SOFT_ID, SidVocab

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.model.item_head import hide_seen
 from genrec.model.registry import build_model
-from genrec.training.generative_task import GenerativeTask, batch_loss, scratch_config
+from genrec.training.generative_loss import batch_loss
+from genrec.training.generative_task import GenerativeTask, scratch_config
 from genrec.training.seen_items import seen_matrix
 from genrec.training.windows import IGNORE, make_windows
 from genrec.vocab.sid_vocab import SidVocab

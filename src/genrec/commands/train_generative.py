@@ -94,6 +94,13 @@ def train_generative(
     item_loss_weight: Annotated[float, typer.Option(
         min=0.0, help="The item head's cross-entropy's weight in the loss, beside the "
                       "Semantic IDs' (1: equal).")] = 1.0,
+    teacher: Annotated[list[Path] | None, typer.Option(
+        help="Distil the item head from this trained model over the same index (e.g. a run's "
+             "OUT/model; repeat the flag for several, whose probabilities are averaged): its "
+             "loss mixes cross-entropy with KL(teacher || student) over all items.")] = None,
+    distill_weight: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="With --teacher: the distillation's share of the item head's "
+                               "loss (the rest: cross-entropy on the labels).")] = 0.5,
     epochs: RecipeInt = None,
     batch_tokens: Annotated[int, typer.Option(min=1, help="Tokens per step.")] = 4096,
     lr: float = 1e-3, weight_decay: float = 0.01, warmup_ratio: float = 0.05,

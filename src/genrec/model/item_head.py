@@ -194,18 +194,25 @@ def hide_seen(logits: torch.Tensor, targets: torch.Tensor, seen: torch.Tensor) -
     return logits.masked_fill(hide, float("-inf"))
 
 
-def item_loss(head: ItemHead, hidden: torch.Tensor, items: torch.Tensor,
-              seen: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean cross-entropy over all items of ``items`` [N] given ``hidden`` [N, hidden];
+def item_logits(head: ItemHead, hidden: torch.Tensor, items: torch.Tensor,
+                seen: torch.Tensor | None = None) -> torch.Tensor:
+    """The logits the head is trained on: ``hidden`` [N, hidden] -> [N, num_items] (fp32);
     ``seen`` [N, width] (-1 padding): each row's earlier items (:mod:`genrec.training.seen_items`),
-    which get the head's history bias where it has one, else are left out of the softmax (the
-    target kept)."""
+    which get the head's history bias where it has one, else are left out of the softmax (each
+    row's target ``items`` [N] kept)."""
     logits = head.logits(hidden)
     if seen is not None and head.history_bias is not None:
-        logits = head.with_history(logits, seen)
-    elif seen is not None:
-        logits = hide_seen(logits, items, seen)
-    return F.cross_entropy(logits, items)
+        return head.with_history(logits, seen)
+    if seen is not None:
+        return hide_seen(logits, items, seen)
+    return logits
+
+
+def item_loss(head: ItemHead, hidden: torch.Tensor, items: torch.Tensor,
+              seen: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy over all items of ``items`` [N] given ``hidden`` [N, hidden], the
+    logits of :func:`item_logits`."""
+    return F.cross_entropy(item_logits(head, hidden, items, seen), items)
 
 
 def head_floor(head_scores: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

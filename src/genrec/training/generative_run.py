@@ -61,6 +61,8 @@ class GenerativeTrainConfig:
     history_bias: bool | None = None
     mask_history: bool = False
     item_loss_weight: float = 1.0
+    teacher: list[Path] | None = None
+    distill_weight: float = 0.5
     epochs: int | None = None
     batch_tokens: int = 4096
     lr: float = 1e-3
@@ -97,6 +99,8 @@ class GenerativeTrainConfig:
         arguments inlined."""
         options = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()
                    if k != "table"}
+        if self.teacher is not None:
+            options["teacher"] = [str(p) for p in self.teacher]
         return options | dict(self.table or {})
 
 
@@ -151,6 +155,7 @@ def train_generative(
     from genrec.training import user_vectors as uv
     from genrec.training.checkpoints import LAST, write_train_args
     from genrec.training.distributed import main_process
+    from genrec.training.generative_loss import ItemTeacher
     from genrec.training.initialization import init_weights
     from genrec.training.loop import LoopConfig, fit
     from genrec.utils.device import resolve_device
@@ -186,6 +191,8 @@ def train_generative(
     args["history_bias"] = history_bias
     if c.item_input_dropout and not item_inputs:
         raise ValueError("--item-input-dropout needs the item inputs (--item-inputs)")
+    if c.teacher and not item_head:
+        raise ValueError("--teacher distils the item head: it needs --item-head")
     train = training_sequences(ds.sequences)
     recipe = pick_recipe(train, {k: getattr(c, k) for k in RECIPE_KEYS}, main, echo)
     args |= recipe
@@ -221,6 +228,10 @@ def train_generative(
             init_weights(model)
             gen.set_item_tokens(model, vocab)
     model.set_dropout(recipe["dropout"])
+    teacher = None
+    if c.teacher:
+        teacher = ItemTeacher.load(c.teacher, c.distill_weight, dev)
+        teacher.check(model)
     if model.item_head is not None:
         model.item_head.input_dropout = c.item_input_dropout
     val = split_examples(ds.sequences, "val", c.max_history, c.val_users, c.seed) \
@@ -238,6 +249,7 @@ def train_generative(
         final_examples=final,
         final_exclude=None if final is None else full_histories(ds.sequences, final, "val"),
         history_bias=bool(model.item_head is not None and model.item_head.history_bias is not None),
+        teacher=teacher,
     )
     if main:
         write_train_args(c.out, args, c.resume)

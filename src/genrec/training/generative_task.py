@@ -13,57 +13,19 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from genrec.data.split import Example
 from genrec.engine import Engine, EngineConfig
-from genrec.engine.inputs import PackedInputs, build_input_embeds
 from genrec.engine.params import DEFAULT_ITEM_WEIGHT, save_item_weight
 from genrec.model.config import ModelConfig
 from genrec.model.decoder import DecoderLM
-from genrec.model.item_head import item_loss
-from genrec.model.layout import build_layout
-from genrec.training.extend_vocab import level_loss
+from genrec.training.generative_loss import ItemTeacher, batch_loss
 from genrec.training.seen_items import seen_matrix
 from genrec.training.windows import IGNORE, TrainBatch, make_windows, token_batches, window_tokens
 from genrec.vocab.sid_vocab import SidVocab
 
 # the item weights a finished run's final model is validated with (the best is saved with it)
 ITEM_WEIGHTS = (1.0, 2.0, 3.0, 5.0, 10.0, 20.0)
-
-def batch_loss(model: DecoderLM, batch: TrainBatch, vocab: SidVocab | None = None,
-               item_weight: float = 1.0) -> torch.Tensor:
-    """Mean cross-entropy over the batch's targets, normalised as the engine scores: over the
-    full vocabulary, or over each target's level (``sid_normalize="level"``; needs ``vocab``);
-    with an item head, plus ``item_weight`` x its mean cross-entropy over all items at the
-    batch's item labels (over the items each user does not have yet, when the batch carries
-    ``seen_items``)."""
-    device = model.device
-    inputs = PackedInputs(
-        token_ids=batch.token_ids, raw_rows=torch.zeros(0, dtype=torch.long), raw_embeds=None,
-        soft_rows=batch.soft_rows, user_vectors=batch.user_vectors,
-    )
-    # the soft token enters exactly as at serving: projector(user vector) at the soft rows
-    embeds = build_input_embeds(model.model.embed_tokens, inputs, None, model.user_projector,
-                                model.item_head)
-    layout = build_layout(batch.lengths, [], []).to(device)
-    hidden = model(embeds, layout.positions, layout)  # [T, hidden]
-    labels = batch.labels.to(device)
-    rows = labels != IGNORE
-    if model.config.sid_normalize == "level":
-        if vocab is None:
-            raise ValueError("vocab: a level-normalised model's loss needs its SidVocab")
-        loss = level_loss(model, hidden[rows], labels[rows], vocab)
-    else:
-        loss = F.cross_entropy(model.logits(hidden[rows]), labels[rows])
-    if model.item_head is not None:
-        if batch.item_labels is None:
-            raise ValueError("batch.item_labels: a model with an item head needs them")
-        items = batch.item_labels.to(device)
-        at = items != IGNORE
-        loss = loss + item_weight * item_loss(model.item_head, hidden[at], items[at],
-                                              batch.seen_items)
-    return loss
 
 
 class GenerativeTask:
@@ -86,6 +48,8 @@ class GenerativeTask:
     exclude under ``mask_history``): a larger validation sample for choosing the run's final
     model (:meth:`validate_final`, :meth:`finish`; None: ``val_examples``). ``history_bias``:
     batches carry each target's earlier items for a model whose head has a history bias.
+    ``teacher``: the item head also learns the teachers' item distributions
+    (:mod:`genrec.training.generative_loss`).
     """
 
     def __init__(
@@ -100,6 +64,7 @@ class GenerativeTask:
         item_loss_weight: float = 1.0, item_weights: Sequence[float] = ITEM_WEIGHTS,
         final_examples: Sequence[Example] | None = None,
         final_exclude: Sequence[Sequence[int]] | None = None, history_bias: bool = False,
+        teacher: ItemTeacher | None = None,
     ) -> None:
         self.vocab, self.user_vectors = vocab, user_vectors
         self.batch_tokens, self.seed = batch_tokens, seed
@@ -108,7 +73,7 @@ class GenerativeTask:
         self.user_ids, self.user_vector_source = user_ids, user_vector_source
         soft = user_vectors is not None
         self.extra_files = dict(extra_files or {})
-        self.mask_history, self.val_exclude = mask_history, val_exclude
+        self.mask_history, self.val_exclude, self.teacher = mask_history, val_exclude, teacher
         self.track_seen = mask_history or history_bias
         if not item_loss_weight > 0:
             raise ValueError(f"item_loss_weight must be > 0, got {item_loss_weight}")
@@ -191,7 +156,8 @@ class GenerativeTask:
 
     def loss(self, model: DecoderLM, batch: TrainBatch) -> tuple[torch.Tensor, int]:
         """(mean loss, tokens processed)."""
-        return batch_loss(model, batch, self.vocab, self.item_loss_weight), batch.num_tokens
+        return (batch_loss(model, batch, self.vocab, self.item_loss_weight, self.teacher),
+                batch.num_tokens)
 
     def shard(self, batch: TrainBatch, rank: int, world: int) -> tuple[TrainBatch | None, float]:
         """Windows ``rank, rank + world, ...`` of ``batch`` and their share of its targets

@@ -1,0 +1,120 @@
+"""The generative loss and the item head's distillation from teachers, on generated data."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from genrec.model.checkpoint import save_model
+from genrec.model.registry import build_model
+from genrec.training.generative_loss import ItemTeacher, batch_hidden, batch_loss, distill_loss
+from genrec.training.generative_task import GenerativeTask, scratch_config, set_item_tokens
+from genrec.training.windows import IGNORE
+from genrec.vocab.sid_vocab import SidVocab
+from tests.item_head_support import tiny_vocab
+
+
+def head_model(vocab: SidVocab, seed: int, history_bias: bool = True):  # noqa: ANN201
+    torch.manual_seed(seed)
+    model = build_model(scratch_config(vocab, hidden=32, layers=2, heads=4, kv_heads=2,
+                                       head_dim=8, item_head=True, item_inputs=True,
+                                       history_bias=history_bias))
+    set_item_tokens(model, vocab)
+    with torch.no_grad():
+        model.item_head.weight.normal_(0.0, 0.5)  # spread distributions: KL far from 0
+        if history_bias:
+            model.item_head.history_bias.fill_(-0.3)
+    return model.eval()
+
+
+def one_batch(vocab: SidVocab):  # noqa: ANN201
+    g = torch.Generator().manual_seed(1)
+    n = vocab.index.num_items
+    seqs = [torch.randint(0, n, (int(k),), generator=g).tolist() for k in (5, 7, 9, 4)]
+    task = GenerativeTask(vocab, seqs, batch_tokens=10_000, history_bias=True)
+    return next(iter(task.batches(0)))
+
+
+def test_a_teacher_identical_to_the_student_adds_nothing_at_full_weight() -> None:
+    vocab = tiny_vocab()
+    student, batch = head_model(vocab, 0), one_batch(vocab)
+    teacher = ItemTeacher([copy.deepcopy(student)], weight=1.0)
+    teacher.check(student)
+    sid_only = batch_loss(student, batch, vocab, item_weight=0.0)
+    distilled = batch_loss(student, batch, vocab, item_weight=3.0, teacher=teacher)
+    # the teacher reads the same tokens and seen items: KL(p || p) = 0
+    assert torch.allclose(distilled, sid_only, atol=1e-5)
+
+
+def test_the_item_term_mixes_cross_entropy_and_kl_to_the_teachers_mean() -> None:
+    vocab = tiny_vocab()
+    student, batch = head_model(vocab, 0), one_batch(vocab)
+    a, b = head_model(vocab, 1), head_model(vocab, 2, history_bias=False)
+    teacher = ItemTeacher([a, b], weight=0.25)
+    items = batch.item_labels
+    at = items != IGNORE
+    got = teacher.log_probs(batch, at)
+    # the mean of the two teachers' probabilities, each with its own rule for seen items
+    pa = a.item_head.log_probs(batch_hidden(a, batch)[at], batch.seen_items).exp()
+    hidden_b = batch_hidden(b, batch)[at]
+    logits_b = b.item_head.logits(hidden_b)
+    hidden_rows = torch.arange(logits_b.shape[0])[:, None].expand_as(batch.seen_items)
+    seen = batch.seen_items >= 0
+    logits_b[hidden_rows[seen], batch.seen_items[seen]] = float("-inf")
+    logits_b[torch.arange(logits_b.shape[0]), items[at]] = b.item_head.logits(hidden_b)[
+        torch.arange(logits_b.shape[0]), items[at]]
+    pb = torch.softmax(logits_b, -1)
+    assert torch.allclose(got.exp(), (pa + pb) / 2, atol=1e-6)
+    # the student's loss: SID cross-entropy + w x (0.75 CE + 0.25 KL)
+    logits = student.item_head.with_history(
+        student.item_head.logits(batch_hidden(student, batch)[at]), batch.seen_items)
+    ce = F.cross_entropy(logits, items[at])
+    kl = (got.exp() * (got - torch.log_softmax(logits, -1))).sum(-1).mean()
+    assert float(kl.detach()) > 0.1
+    expected = batch_loss(student, batch, vocab, item_weight=0.0) + 2.0 * (0.75 * ce + 0.25 * kl)
+    assert torch.allclose(batch_loss(student, batch, vocab, 2.0, teacher), expected, atol=1e-5)
+
+
+def test_gradients_reach_the_student_only() -> None:
+    vocab = tiny_vocab()
+    student, batch = head_model(vocab, 0).train(), one_batch(vocab)
+    teacher_model = head_model(vocab, 1)
+    before = {k: v.clone() for k, v in teacher_model.state_dict().items()}
+    batch_loss(student, batch, vocab, teacher=ItemTeacher([teacher_model])).backward()
+    assert student.item_head.weight.grad is not None
+    assert all(p.grad is None and not p.requires_grad for p in teacher_model.parameters())
+    assert not teacher_model.training
+    assert all(torch.equal(v, teacher_model.state_dict()[k]) for k, v in before.items())
+
+
+def test_distill_loss_is_zero_only_at_the_teacher() -> None:
+    logits = torch.randn(3, 7)
+    assert float(distill_loss(logits, torch.log_softmax(logits, -1))) == pytest.approx(0, abs=1e-6)
+    assert float(distill_loss(logits, torch.log_softmax(2 * logits, -1))) > 0
+
+
+def test_teachers_over_another_index_or_without_a_head_are_refused(tmp_path: Path) -> None:
+    vocab = tiny_vocab()
+    student = head_model(vocab, 0)
+    other_model = head_model(vocab, 1)
+    with torch.no_grad():
+        other_model.item_head.item_tokens.copy_(other_model.item_head.item_tokens.flip(0))
+    with pytest.raises(ValueError, match="Semantic IDs differ"):
+        ItemTeacher([other_model]).check(student)
+    torch.manual_seed(0)
+    no_head = build_model(scratch_config(vocab, hidden=32, layers=1, heads=4, kv_heads=2,
+                                         head_dim=8))
+    with pytest.raises(ValueError, match="item head"):
+        ItemTeacher([no_head])
+    with pytest.raises(ValueError, match="distill weight"):
+        ItemTeacher([head_model(vocab, 1)], weight=0.0)
+    with pytest.raises(ValueError, match="item head to distil"):
+        ItemTeacher([head_model(vocab, 1)]).check(no_head)
+    save_model(head_model(vocab, 2), tmp_path / "t")
+    loaded = ItemTeacher.load([tmp_path / "t"], 0.5)
+    loaded.check(student)
+    assert loaded.weight == 0.5 and not loaded.models[0].training
