@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from item_head_support import tiny_vocab
 
 from genrec.model.checkpoint import save_model
 from genrec.model.registry import build_model
@@ -15,7 +16,6 @@ from genrec.training.generative_loss import ItemTeacher, batch_hidden, batch_los
 from genrec.training.generative_task import GenerativeTask, scratch_config, set_item_tokens
 from genrec.training.windows import IGNORE
 from genrec.vocab.sid_vocab import SidVocab
-from tests.item_head_support import tiny_vocab
 
 
 def head_model(vocab: SidVocab, seed: int, history_bias: bool = True):  # noqa: ANN201
