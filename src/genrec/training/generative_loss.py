@@ -11,6 +11,7 @@ same seen items), once per step, without gradients.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -82,10 +83,6 @@ class ItemTeacher:
                 raise ValueError(f"teacher {i}: its items' Semantic IDs differ from the "
                                  "student's (another index?)")
 
-    def to(self, device: str | torch.device) -> ItemTeacher:
-        self.models = [m.to(device) for m in self.models]
-        return self
-
     @torch.no_grad()
     def log_probs(self, batch: TrainBatch, at: torch.Tensor) -> torch.Tensor:
         """log of the teachers' mean item probabilities at the rows ``at`` [T] (bool) of
@@ -97,7 +94,7 @@ class ItemTeacher:
             hidden = batch_hidden(m, batch)[at]
             logp = torch.log_softmax(item_logits(m.item_head, hidden, items, batch.seen_items), -1)
             total = logp if total is None else torch.logaddexp(total, logp)
-        return total - torch.log(torch.tensor(float(len(self.models))))
+        return total - math.log(len(self.models))
 
 
 def distill_loss(logits: torch.Tensor, teacher_log_probs: torch.Tensor) -> torch.Tensor:
