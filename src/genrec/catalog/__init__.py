@@ -10,7 +10,8 @@ from genrec.catalog.embeddings import (
 )
 from genrec.catalog.filters import PartFilter
 from genrec.catalog.kmeans import residual_kmeans
-from genrec.catalog.semantic_ids import SemanticIndex, build_semantic_index, load_sid_index
+from genrec.catalog.semantic_ids import SemanticIndex
+from genrec.catalog.sid_sources import build_semantic_index, load_sid_index
 from genrec.catalog.trie import SemanticTrie
 
 __all__ = [
