@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from genrec.catalog.kmeans import balanced_assign, kmeans, residual_kmeans
-from genrec.catalog.semantic_ids import build_semantic_index, prefix_stats
+from genrec.catalog.semantic_ids import prefix_stats
+from genrec.catalog.sid_sources import build_semantic_index
 
 
 def _skewed(n: int = 600, d: int = 6, seed: int = 0) -> torch.Tensor:
