@@ -3,14 +3,16 @@ then as it grows: how several server processes agree on one catalog.
 
 Every process that serves a state directory replays it on start (:func:`read_dir`) and then
 follows its log (:class:`LogTail`): a :class:`LogPoller` thread looks at the log file every
-:data:`POLL_S` seconds (one ``stat``: its inode and size; nothing else when neither changed)
-and, when it grew, the served catalog reads the new records and applies them in order, on the
-path of a local update (:meth:`genrec.live_catalog.served.ServiceCatalog.catch_up`). A write from
-any process takes the directory's lock for the write only, catches up to the log's end, then
-appends: the log is the one order of the updates, its versions everyone's.
+:data:`POLL_S` seconds (one ``stat``: its inode, size and modification time; nothing else
+when none changed) and, when it changed, the served catalog reads the new records and applies
+them in order, on the path of a local update
+(:meth:`genrec.live_catalog.served.ServiceCatalog.catch_up`). A write from any process takes
+the directory's lock for the write only, catches up to the log's end, then appends: the log is
+the one order of the updates, its versions everyone's.
 
 A follower never sees half a record (a write under way reads as a torn tail: it stops there
-and reads on later). When the log is replaced (a fold: a new inode) it reads the new file from
+and reads on later). When the log is replaced (a fold: a new file, told by its inode and its
+header, since a later fold's file may reuse a replaced file's inode) it reads the new file from
 its start and goes on from its own version; behind the new log's start, it installs the base
 first (:class:`TailRead.base`). When its position no longer fits the file (a record cut off
 again, its update refused), it reads the whole file again and goes on by version.
@@ -26,13 +28,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from genrec.live_catalog.base import CatalogBase, base_files, read_base
 from genrec.live_catalog.log_format import (
     CatalogLogError,
     LogRecord,
     LogScan,
+    read_header,
     scan_bytes,
     scan_log,
     scan_records,
@@ -63,8 +66,10 @@ class StoredCatalog:
 class TailState:
     """Where a reader of a log file stands: the file (``inode``; 0: none read yet), the byte
     ``offset`` after the last good record read, the header (``header_end``; the version
-    ``after`` it follows, and whether a ``base`` file holds that version), and the
-    ``version`` and ``count`` of the records read."""
+    ``after`` it follows, and whether a ``base`` file holds that version), the ``version``
+    and ``count`` of the records read, and the file's modification time when it was read
+    (``mtime_ns``; 0: not known), which tells a later fold's file that reuses the inode at
+    the same size."""
 
     inode: int = 0
     offset: int = 0
@@ -73,6 +78,7 @@ class TailState:
     base: bool = False
     version: int = 0
     count: int = 0
+    mtime_ns: int = 0
 
     @classmethod
     def of(cls, scan: LogScan) -> TailState:
@@ -163,7 +169,18 @@ class LogTail:
             st = os.stat(self.path)
         except FileNotFoundError:
             return False
-        return st.st_ino != self.state.inode or st.st_size != self.state.offset
+        s = self.state
+        return (st.st_ino, st.st_size, st.st_mtime_ns) != (s.inode, s.offset, s.mtime_ns)
+
+    @staticmethod
+    def _same_header(f: BinaryIO, s: TailState) -> bool:
+        # whether the open log ``f`` (of the inode ``s`` read) has the header ``s`` read: a
+        # file of a later fold may reuse a replaced file's inode, never its header (each
+        # fold's ``after`` is above the last)
+        f.seek(0)
+        header = read_header(f.read(s.header_end))
+        return header is not None and (header["after"], bool(header.get("base"))) == (
+            s.after, s.base)
 
     def rewind(self) -> None:
         """Read the whole file next time (the position may no longer fit it)."""
@@ -181,14 +198,16 @@ class LogTail:
             return TailRead(None, (), s)
         with f:
             st = os.fstat(f.fileno())
-            if st.st_ino == s.inode and st.st_size == s.offset:
-                return TailRead(None, (), s)
-            if st.st_ino == s.inode and st.st_size > s.offset:
+            same = st.st_ino == s.inode and self._same_header(f, s)
+            if same and st.st_size == s.offset:
+                return TailRead(None, (), replace(s, mtime_ns=st.st_mtime_ns))
+            if same and st.st_size > s.offset:
                 f.seek(s.offset)
                 try:  # the usual case: records appended after the position
                     found, end = scan_records(f.read(), 0, s.version + 1, self.path, s.offset)
                     state = replace(s, offset=end, version=found[-1][1].version if found
-                                    else s.version, count=s.count + len(found))
+                                    else s.version, count=s.count + len(found),
+                                    mtime_ns=st.st_mtime_ns)
                     return TailRead(None, tuple(r for r in found if r[1].version > version),
                                     state)
                 except CatalogLogError:
@@ -196,7 +215,7 @@ class LogTail:
             else:
                 f.seek(0)
             scan = scan_bytes(f.read(), self.path, st.st_ino)
-        state = TailState.of(scan)
+        state = replace(TailState.of(scan), mtime_ns=st.st_mtime_ns)
         base = None
         if version < state.after:
             where = base_files(self.directory).get(state.after)

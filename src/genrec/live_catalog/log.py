@@ -69,11 +69,13 @@ class FoldPolicy:
 @dataclass(frozen=True)
 class LogMark:
     """A point in the log: the ``version`` reached there, the byte ``offset`` after it, the
-    log file's ``inode``."""
+    log file's ``inode`` and the version ``after`` its header names (a later fold's file may
+    reuse the inode, never that version)."""
 
     version: int
     offset: int
     inode: int = 0
+    after: int = 0
 
 
 def _write_log(path: Path, after: int, base: bool, tail: bytes = b"") -> int:
@@ -160,8 +162,9 @@ class CatalogLog:
         with self._mutex:
             base = self._base_version is not None
             after = self._base_version if base else self._version - self._count
+            mtime = os.fstat(self._file.fileno()).st_mtime_ns
             return TailState(self._inode, self._size, self._header_end, after, base,
-                             self._version, self._count)
+                             self._version, self._count, mtime)
 
     def adopt(self, state: TailState) -> None:
         """Take the log file as a reader found it, under :meth:`hold` after reading it to its
@@ -248,7 +251,9 @@ class CatalogLog:
     def mark(self) -> LogMark:
         """Where the log is now (take it with the catalog as of that version)."""
         with self._mutex:
-            return LogMark(self._version, self._size, self._inode)
+            after = self._version - self._count if self._base_version is None \
+                else self._base_version
+            return LogMark(self._version, self._size, self._inode, after)
 
     def fold(self, mark: LogMark, generative: GenerativeBase | None,
              ids: tuple[str, ...]) -> bool:
@@ -259,7 +264,7 @@ class CatalogLog:
         with self.hold():
             if self.shared:  # others may have appended or folded since the mark
                 scan = scan_log(self.path)
-                if scan.inode != mark.inode:
+                if (scan.inode, scan.header["after"]) != (mark.inode, mark.after):
                     return False
                 self.adopt(TailState.of(scan))
             return self._fold(mark, generative, ids)

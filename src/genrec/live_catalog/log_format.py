@@ -90,6 +90,21 @@ def _frame_at(buf: bytes, at: int) -> tuple[dict[str, Any], int] | None:
     return (payload, end) if isinstance(payload, dict) else None
 
 
+def _header(buf: bytes) -> tuple[dict[str, Any], int] | None:
+    # the header at the start of ``buf`` and where it ends; None: no good header there
+    first = _frame_at(buf, 0)
+    if first is None or first[0].get("format") != FORMAT or not isinstance(
+            first[0].get("after"), int):
+        return None
+    return first
+
+
+def read_header(buf: bytes) -> dict[str, Any] | None:
+    """The header a log file's first bytes ``buf`` hold (``None``: no good header there)."""
+    first = _header(buf)
+    return first[0] if first is not None else None
+
+
 def scan_log(path: Path, stop: int | None = None) -> LogScan:
     """Read the log ``path`` (its first ``stop`` bytes). Raises :class:`CatalogLogError` for
     a bad header, corruption, or versions out of sequence."""
@@ -101,13 +116,12 @@ def scan_log(path: Path, stop: int | None = None) -> LogScan:
 
 def scan_bytes(buf: bytes, path: Path, inode: int = 0) -> LogScan:
     """:func:`scan_log` of a whole log file's bytes ``buf`` read from ``path``."""
-    first = _frame_at(buf, 0)
-    if first is None or first[0].get("format") != FORMAT or not isinstance(
-            first[0].get("after"), int):
+    first = _header(buf)
+    if first is None:
         raise CatalogLogError(f"{path}: offset 0: not a catalog log header (format {FORMAT})")
     header, at = first
     records, end = scan_records(buf, at, header["after"] + 1, path)
-    return LogScan(header, records, first[1], end, len(buf), inode)
+    return LogScan(header, records, at, end, len(buf), inode)
 
 
 def scan_records(buf: bytes, at: int, expected: int, path: Path, base: int = 0
