@@ -160,11 +160,14 @@ class CatalogLog:
     def tail_state(self) -> TailState:
         """Where this log's file ends (its last good record): a reader's position there."""
         with self._mutex:
-            base = self._base_version is not None
-            after = self._base_version if base else self._version - self._count
             mtime = os.fstat(self._file.fileno()).st_mtime_ns
-            return TailState(self._inode, self._size, self._header_end, after, base,
-                             self._version, self._count, mtime)
+            return TailState(self._inode, self._size, self._header_end, self._after(),
+                             self._base_version is not None, self._version, self._count, mtime)
+
+    def _after(self) -> int:
+        # the version the log file's header names (under the mutex)
+        base = self._base_version
+        return base if base is not None else self._version - self._count
 
     def adopt(self, state: TailState) -> None:
         """Take the log file as a reader found it, under :meth:`hold` after reading it to its
@@ -251,9 +254,7 @@ class CatalogLog:
     def mark(self) -> LogMark:
         """Where the log is now (take it with the catalog as of that version)."""
         with self._mutex:
-            after = self._version - self._count if self._base_version is None \
-                else self._base_version
-            return LogMark(self._version, self._size, self._inode, after)
+            return LogMark(self._version, self._size, self._inode, self._after())
 
     def fold(self, mark: LogMark, generative: GenerativeBase | None,
              ids: tuple[str, ...]) -> bool:
