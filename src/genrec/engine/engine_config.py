@@ -13,7 +13,7 @@ class EngineConfig:
     requests packed into one scoring batch. ``chunk_tokens``: branches run in chunks of this
     many tokens after their prefixes (activations stay in cache; memory stays bounded).
 
-    Beam search runs on static buffers per search shape (``genrec.engine.beam_runner``):
+    Beam search runs on static buffers per search shape (``genrec.engine.runner_pool``):
     ``cuda_graphs`` captures each as a CUDA graph on a GPU (``False``: the same runners,
     eager); ``search_request_buckets`` are the request counts a search is padded to (default:
     powers of two up to 64 on CUDA, none on the CPU, where padding only costs);

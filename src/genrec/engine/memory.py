@@ -5,7 +5,7 @@ memory free at that moment (on CUDA ``torch.cuda.mem_get_info``, after the weigh
 on the CPU the RAM the kernel reports available, ``MemAvailable`` of ``/proc/meminfo``, else
 ``psutil`` where installed, else the physical pages), or a size given outright
 (``EngineConfig.memory_budget_bytes``). Kept search buffers may take
-:data:`SEARCH_BUFFER_SHARE` of it (:class:`genrec.engine.beam_runner.RunnerPool`); requests
+:data:`SEARCH_BUFFER_SHARE` of it (:class:`genrec.engine.runner_pool.RunnerPool`); requests
 are admitted against the whole (:mod:`genrec.engine.admission`). The budget bounds what genrec
 allocates; it reserves nothing.
 """

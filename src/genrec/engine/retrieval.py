@@ -16,10 +16,10 @@ import torch
 
 from genrec.catalog.filters import PartFilter
 from genrec.engine.batch import PackedBatch, RequestLimits, pack_requests
-from genrec.engine.beam_runner import RunnerPool
 from genrec.engine.inputs import InputError
 from genrec.engine.params import BeamParams
 from genrec.engine.requests import RowRecommendation, RowRequest
+from genrec.engine.runner_pool import RunnerPool
 from genrec.live_catalog.state import CatalogState
 
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from genrec.engine.batch import PackedBatch
-from genrec.engine.beam_runner import RunnerPool, bucket
 from genrec.engine.params import ScoreParams
+from genrec.engine.runner_pool import RunnerPool, bucket
 from genrec.engine.search_buffers import prefix_bucket
 from genrec.model.decoder import DecoderLM
 from genrec.model.score_grid import ScoreGridLayout

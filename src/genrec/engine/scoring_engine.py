@@ -17,13 +17,13 @@ from genrec.engine.batch import (
     pack_requests,
     token_groups,
 )
-from genrec.engine.beam_runner import RunnerPool, runner_config
 from genrec.engine.chunked import forward_chunked
 from genrec.engine.engine_config import EngineConfig
 from genrec.engine.inputs import InputError, Part, build_input_embeds
 from genrec.engine.memory import take_budget
 from genrec.engine.params import ScoreParams
 from genrec.engine.requests import ScoreRequest
+from genrec.engine.runner_pool import RunnerPool, runner_config
 from genrec.engine.score_runner import ScoreRunnerPool
 from genrec.engine.scoring import PreparedScore, read_scores
 from genrec.kernels import cascade_attention_op
