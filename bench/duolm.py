@@ -112,7 +112,7 @@ def load_items(args: argparse.Namespace) -> tuple[dict[int, dict[str, str]], int
     """Item text, catalog size, user sequences ([] when synthetic) and a description."""
     if not args.synthetic:
         if Path(args.data).is_dir():
-            from genrec.data.loaders import load_json_dataset
+            from genrec.data.json_dataset import load_json_dataset
 
             ds = load_json_dataset(args.data)
             if ds.item_text is not None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 if TYPE_CHECKING:
-    from genrec.data.loaders import Dataset
+    from genrec.data.dataset import Dataset
 
 DataOpt = Annotated[Path | None, typer.Option(help="Dataset folder in the JSON format "
                                                    "(*.inter.json, optional *.item.json).")]

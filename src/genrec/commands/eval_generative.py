@@ -27,7 +27,7 @@ from genrec.utils.device import resolve_device
 if TYPE_CHECKING:
     import torch
 
-    from genrec.data.loaders import Dataset
+    from genrec.data.dataset import Dataset
     from genrec.engine import Engine
 
 

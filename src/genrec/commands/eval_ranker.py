@@ -20,7 +20,7 @@ from genrec.training.run_layout import model_folder
 from genrec.utils.device import resolve_device
 
 if TYPE_CHECKING:
-    from genrec.data.loaders import Dataset
+    from genrec.data.dataset import Dataset
     from genrec.duolm.ranker import DuoRanker
 
 

@@ -146,7 +146,7 @@ def read_new_items(path: Path) -> tuple[list[str], list[str] | None, torch.Tenso
         parse_column,
         read_table,
     )
-    from genrec.data.loaders import items_table
+    from genrec.data.table_dataset import items_table
 
     table = read_table(path)
     emb_col = next((c for c in table if column_key(c) == "embedding"), None)

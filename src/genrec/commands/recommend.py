@@ -26,7 +26,7 @@ from genrec.commands.dataset import (
 from genrec.utils.device import resolve_device
 
 if TYPE_CHECKING:
-    from genrec.data.loaders import Dataset
+    from genrec.data.dataset import Dataset
     from genrec.jobs.recommend import Rerank
 
 _LISTED = 10

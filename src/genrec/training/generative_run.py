@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from genrec.catalog.semantic_ids import SemanticIndex
-from genrec.data.loaders import Dataset
+from genrec.data.dataset import Dataset
 from genrec.training.loop import FitResult
 
 RECIPE_KEYS = ("hidden", "layers", "heads", "kv_heads", "head_dim", "dropout", "epochs")
