@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 from pathlib import Path
 
@@ -9,6 +11,8 @@ import numpy as np
 from typer.testing import CliRunner
 
 from genrec.cli import app
+from genrec.commands.train_generative import train_generative
+from genrec.training.generative_run import GenerativeTrainConfig
 
 N_ITEMS, N_USERS = 40, 30
 runner = CliRunner()
@@ -211,3 +215,16 @@ def test_a_run_distils_its_item_head_from_teachers(tmp_path: Path) -> None:
                                  "--teacher", str(tmp_path / "t1" / "model"), "--no-item-head",
                                  *[str(a) for a in tiny]])
     assert result.exit_code == 1 and "--teacher" in result.output
+
+
+def test_the_command_and_the_config_have_the_same_defaults() -> None:
+    # a run started from Python (GenerativeTrainConfig) trains what the command trains
+    config = {f.name: f.default for f in dataclasses.fields(GenerativeTrainConfig)}
+    flags = inspect.signature(train_generative).parameters
+    shared = [name for name in flags if name in config
+              and config[name] is not dataclasses.MISSING]
+    assert {"distill_weight", "item_loss_weight", "lr", "patience", "average"} <= set(shared)
+    for name in shared:
+        flag = flags[name].default
+        assert flag == config[name] or (isinstance(flag, list) and not flag
+                                        and config[name] is None), name

@@ -46,7 +46,7 @@ class ItemTeacher:
     student's vocabulary (the same Semantic index); their item-head probabilities are averaged
     (an ensemble's)."""
 
-    def __init__(self, models: Sequence[DecoderLM], weight: float = 0.5) -> None:
+    def __init__(self, models: Sequence[DecoderLM], weight: float = 0.8) -> None:
         if not models:
             raise ValueError("teachers: give at least one model")
         if not 0 < weight <= 1:
@@ -58,7 +58,7 @@ class ItemTeacher:
         self.models, self.weight = list(models), float(weight)
 
     @classmethod
-    def load(cls, paths: Sequence[Path], weight: float = 0.5,
+    def load(cls, paths: Sequence[Path], weight: float = 0.8,
              device: str | torch.device = "cpu") -> ItemTeacher:
         """Load each folder of ``paths`` (a trained model, e.g. a run's ``model/``) in fp32."""
         from genrec.model import load_model

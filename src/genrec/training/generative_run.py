@@ -62,7 +62,7 @@ class GenerativeTrainConfig:
     mask_history: bool = False
     item_loss_weight: float = 1.0
     teacher: list[Path] | None = None
-    distill_weight: float = 0.5
+    distill_weight: float = 0.8
     epochs: int | None = None
     batch_tokens: int = 4096
     lr: float = 1e-3
