@@ -225,6 +225,4 @@ def test_the_command_and_the_config_have_the_same_defaults() -> None:
               and config[name] is not dataclasses.MISSING]
     assert {"distill_weight", "item_loss_weight", "lr", "patience", "average"} <= set(shared)
     for name in shared:
-        flag = flags[name].default
-        assert flag == config[name] or (isinstance(flag, list) and not flag
-                                        and config[name] is None), name
+        assert flags[name].default == config[name], name

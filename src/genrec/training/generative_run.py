@@ -21,6 +21,7 @@ import torch
 
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.data.dataset import Dataset
+from genrec.training.generative_loss import DISTILL_WEIGHT
 from genrec.training.loop import FitResult
 
 RECIPE_KEYS = ("hidden", "layers", "heads", "kv_heads", "head_dim", "dropout", "epochs")
@@ -62,7 +63,7 @@ class GenerativeTrainConfig:
     mask_history: bool = False
     item_loss_weight: float = 1.0
     teacher: list[Path] | None = None
-    distill_weight: float = 0.8
+    distill_weight: float = DISTILL_WEIGHT
     epochs: int | None = None
     batch_tokens: int = 4096
     lr: float = 1e-3
