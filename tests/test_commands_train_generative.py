@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -194,11 +195,17 @@ def test_a_run_distils_its_item_head_from_teachers(tmp_path: Path) -> None:
            "--no-history-bias", *tiny)
     run = tmp_path / "student"
     out = invoke("train", "generative", "--out", run, "--teacher", tmp_path / "t1" / "model",
-                 "--teacher", tmp_path / "t2" / "model", "--distill-weight", "0.7", *tiny)
+                 "--teacher", tmp_path / "t2" / "model", "--distill-weight", "0.7",
+                 "--sid-distill-weight", "0.5", *tiny)
     assert "final model" in out
     args = json.loads((run / "train_args.json").read_text())
     assert args["teacher"] == [str(tmp_path / "t1" / "model"), str(tmp_path / "t2" / "model")]
-    assert args["distill_weight"] == 0.7
+    assert args["distill_weight"] == 0.7 and args["sid_distill_weight"] == 0.5
+    # one teacher that hides the user's items (-inf there) trains to a finite loss
+    out = invoke("train", "generative", "--out", tmp_path / "s2", "--teacher",
+                 tmp_path / "t2" / "model", "--sid-distill-weight", "1", *tiny)
+    history = json.loads((tmp_path / "s2" / "history.json").read_text())
+    assert all(math.isfinite(entry["train_loss"]) for entry in history)
     # a teacher over another index (the same codes, given to other items) is refused
     codes = json.loads((data / "sid-rqvae" / "Toy.index.json").read_text())
     keys = list(codes)
@@ -215,6 +222,9 @@ def test_a_run_distils_its_item_head_from_teachers(tmp_path: Path) -> None:
                                  "--teacher", str(tmp_path / "t1" / "model"), "--no-item-head",
                                  *[str(a) for a in tiny]])
     assert result.exit_code == 1 and "--teacher" in result.output
+    result = runner.invoke(app, ["train", "generative", "--out", str(tmp_path / "bad"),
+                                 "--sid-distill-weight", "0.5", *[str(a) for a in tiny]])
+    assert result.exit_code == 1 and "--sid-distill-weight" in result.output
 
 
 def test_the_command_and_the_config_have_the_same_defaults() -> None:

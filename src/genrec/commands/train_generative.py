@@ -101,6 +101,10 @@ def train_generative(
     distill_weight: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="With --teacher: the distillation's share of the item head's "
                                "loss (the rest: cross-entropy on the labels).")] = 0.8,
+    sid_distill_weight: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="With --teacher: the distillation's share of the Semantic-ID "
+                               "tokens' loss, KL to the teachers' next-token distribution "
+                               "(0: the labels only).")] = 0.0,
     epochs: RecipeInt = None,
     batch_tokens: Annotated[int, typer.Option(min=1, help="Tokens per step.")] = 4096,
     lr: float = 1e-3, weight_decay: float = 0.01, warmup_ratio: float = 0.05,

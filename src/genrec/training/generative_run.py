@@ -64,6 +64,7 @@ class GenerativeTrainConfig:
     item_loss_weight: float = 1.0
     teacher: list[Path] | None = None
     distill_weight: float = DISTILL_WEIGHT
+    sid_distill_weight: float = 0.0
     epochs: int | None = None
     batch_tokens: int = 4096
     lr: float = 1e-3
@@ -194,6 +195,8 @@ def train_generative(
         raise ValueError("--item-input-dropout needs the item inputs (--item-inputs)")
     if c.teacher and not item_head:
         raise ValueError("--teacher distils the item head: it needs --item-head")
+    if c.sid_distill_weight and not c.teacher:
+        raise ValueError("--sid-distill-weight distils from the teachers: give --teacher")
     train = training_sequences(ds.sequences)
     recipe = pick_recipe(train, {k: getattr(c, k) for k in RECIPE_KEYS}, main, echo)
     args |= recipe
@@ -231,7 +234,7 @@ def train_generative(
     model.set_dropout(recipe["dropout"])
     teacher = None
     if c.teacher:
-        teacher = ItemTeacher.load(c.teacher, c.distill_weight, dev)
+        teacher = ItemTeacher.load(c.teacher, c.distill_weight, dev, c.sid_distill_weight)
         teacher.check(model)
     if model.item_head is not None:
         model.item_head.input_dropout = c.item_input_dropout
