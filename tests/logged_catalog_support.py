@@ -14,8 +14,8 @@ from genrec import BeamParams, Engine
 from genrec.catalog.item_table import ItemTable
 from genrec.duolm.ranker import DuoRanker
 from genrec.engine import RowRequest
-from genrec.live_catalog.log import read_state
 from genrec.live_catalog.served import ServiceCatalog
+from genrec.live_catalog.stored import read_state
 from genrec.serving.backends import RankerCatalogUpdater
 
 

@@ -14,10 +14,10 @@ import pytest
 from logged_catalog_support import assert_same, reopened, stream
 from serving_support import tiny_engine, wait_until
 
-from genrec.live_catalog.follow import LOG_FILE, read_state
 from genrec.live_catalog.log import FoldPolicy
 from genrec.live_catalog.log_format import frame
 from genrec.live_catalog.served import ServiceCatalog
+from genrec.live_catalog.stored import LOG_FILE, read_state
 from genrec.serving.worker import Worker
 
 FOLD = FoldPolicy(records=5, bytes=0)

@@ -22,9 +22,9 @@ from genrec.live_catalog.base import (
     fold_ranker,
     write_base,
 )
-from genrec.live_catalog.follow import LOG_FILE, read_state
 from genrec.live_catalog.log import CatalogLog, FoldPolicy
 from genrec.live_catalog.log_format import FRAME, MAGIC, CatalogLogError, LogRecord, frame
+from genrec.live_catalog.stored import LOG_FILE, read_state
 
 
 def updates(n: int, start: int = 1) -> list[LogRecord]:

@@ -24,9 +24,9 @@ from genrec.live_catalog.compaction import (
     COMPACT_MIN_ITEMS,
     compaction_threshold,
 )
-from genrec.live_catalog.log import read_state
 from genrec.live_catalog.served import ServiceCatalog
 from genrec.live_catalog.state import CatalogState
+from genrec.live_catalog.stored import read_state
 
 REQUESTS = [RowRequest([3, 17, 8]), RowRequest([5, 6], exclude=[0, 1, 2]),
             RowRequest([20], allow=[4, 9, 30, 31, N_ITEMS, N_ITEMS + 2])]

@@ -20,12 +20,12 @@ from serving_support import N_ITEMS, tiny_engine
 
 from genrec.catalog.id_map import IdMap
 from genrec.live_catalog import served as service_catalog
-from genrec.live_catalog.follow import read_state
 from genrec.live_catalog.log import CatalogLog, FoldPolicy
 from genrec.live_catalog.log_format import CatalogLogError, LogRecord
 from genrec.live_catalog.served import ServiceCatalog
 from genrec.live_catalog.state import CatalogState
 from genrec.live_catalog.state_dir import open_dir
+from genrec.live_catalog.stored import read_state
 
 
 class Recorder:

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from serving_support import RECOMMEND, offline
 
 from genrec import Engine
-from genrec.live_catalog.follow import read_state
+from genrec.live_catalog.stored import read_state
 from genrec.serving import ServeConfig, Worker
 from genrec.serving.app_loader import load_app
 from genrec.serving.engine_process import EngineProcess

@@ -20,7 +20,7 @@ import pytest
 from serving_support import N_ITEMS, RECOMMEND, is_ready, post, rows, wait_until
 
 from genrec import Engine
-from genrec.live_catalog.follow import read_state
+from genrec.live_catalog.stored import read_state
 from genrec.model import save_model
 from genrec.serving.uvicorn_server import free_port
 

@@ -1,11 +1,11 @@
-"""Reading a catalog state directory (:mod:`genrec.live_catalog.log`), once on start and
-then as it grows: how several server processes agree on one catalog.
+"""Following a catalog state directory's log (:mod:`genrec.live_catalog.log`) as it grows:
+how several server processes agree on one catalog.
 
-Every process that serves a state directory replays it on start (:func:`read_dir`) and then
-follows its log (:class:`LogTail`): a :class:`LogPoller` thread looks at the log file every
-:data:`POLL_S` seconds (one ``stat``: its inode, size and modification time; nothing else
-when none changed) and, when it changed, the served catalog reads the new records and applies
-them in order, on the path of a local update
+Every process that serves a state directory replays it on start
+(:func:`genrec.live_catalog.stored.read_dir`) and then follows its log (:class:`LogTail`): a
+:class:`LogPoller` thread looks at the log file every :data:`POLL_S` seconds (one ``stat``: its
+inode, size and modification time; nothing else when none changed) and, when it changed, the
+served catalog reads the new records and applies them in order, on the path of a local update
 (:meth:`genrec.live_catalog.served.ServiceCatalog.catch_up`). A write from any process takes
 the directory's lock for the write only, catches up to the log's end, then appends: the log is
 the one order of the updates, its versions everyone's.
@@ -34,59 +34,15 @@ from genrec.live_catalog.base import CatalogBase, base_files, read_base
 from genrec.live_catalog.log_format import (
     CatalogLogError,
     LogRecord,
-    LogScan,
     read_header,
     scan_bytes,
-    scan_log,
     scan_records,
 )
+from genrec.live_catalog.stored import LOG_FILE, TailState
 
 logger = logging.getLogger("genrec.serving")
 
-LOG_FILE = "catalog.log"
 POLL_S = 0.03  # how often a follower looks at the log
-
-
-@dataclass(frozen=True)
-class StoredCatalog:
-    """What a state directory holds: the ``base`` (``None``: the catalogs as the server loads
-    them), the version ``after`` that the ``records`` follow."""
-
-    after: int
-    base: CatalogBase | None
-    records: tuple[LogRecord, ...]
-
-    @property
-    def version(self) -> int:
-        """The catalog version these make."""
-        return self.records[-1].version if self.records else self.after
-
-
-@dataclass(frozen=True)
-class TailState:
-    """Where a reader of a log file stands: the file (``inode``; 0: none read yet), the byte
-    ``offset`` after the last good record read, the header (``header_end``; the version
-    ``after`` it follows, and whether a ``base`` file holds that version), the ``version``
-    and ``count`` of the records read, and the file's modification time when it was read
-    (``mtime_ns``; 0: not known), which tells a later fold's file that reuses the inode at
-    the same size."""
-
-    inode: int = 0
-    offset: int = 0
-    header_end: int = 0
-    after: int = 0
-    base: bool = False
-    version: int = 0
-    count: int = 0
-    mtime_ns: int = 0
-
-    @classmethod
-    def of(cls, scan: LogScan) -> TailState:
-        """The position at the end of the good records of ``scan``."""
-        after = scan.header["after"]
-        last = scan.records[-1][1].version if scan.records else after
-        return cls(scan.inode, scan.end, scan.header_end, after, bool(scan.header.get("base")),
-                   last, len(scan.records))
 
 
 @dataclass(frozen=True)
@@ -98,59 +54,6 @@ class TailRead:
     base: CatalogBase | None
     records: tuple[tuple[int, LogRecord], ...]
     state: TailState
-
-
-def newest_base(directory: Path, after: int, required: bool) -> CatalogBase | None:
-    """The newest readable base of ``directory`` not older than version ``after``;
-    ``required``: raise :class:`CatalogLogError` when there is none."""
-    for version, path in sorted(base_files(directory).items(), reverse=True):
-        if version < after:
-            break
-        try:
-            return read_base(path)
-        except CatalogLogError as err:
-            logger.warning("%s; trying an older base", err)
-    if required:
-        raise CatalogLogError(f"{directory / LOG_FILE}: follows base-{after}.pt, and no "
-                              f"readable base of version >= {after} is there")
-    return None
-
-
-def read_state(directory: str | Path, start_version: int | None = None) -> StoredCatalog:
-    """The base and the records of a state directory (read-only: a torn tail is ignored).
-    With ``start_version``, a directory without a log yet (nothing logged) holds no records
-    after that version. Raises :class:`CatalogLogError` for corruption or a version that
-    goes back."""
-    return read_followed(directory, start_version)[0]
-
-
-def read_followed(directory: str | Path, start_version: int | None = None
-                  ) -> tuple[StoredCatalog, TailState]:
-    """:func:`read_state`, and the position at the end of what it read (to follow from)."""
-    directory = Path(directory)
-    if (start_version is not None and not (directory / LOG_FILE).exists()
-            and not (directory.is_dir() and base_files(directory))):
-        return StoredCatalog(int(start_version), None, ()), TailState(version=int(start_version))
-    stored, scan = read_dir(directory)
-    return stored, TailState.of(scan)
-
-
-def read_dir(directory: Path) -> tuple[StoredCatalog, LogScan]:
-    """What ``directory`` holds, and the scan of its log file."""
-    path = directory / LOG_FILE
-    if not path.is_file():
-        raise CatalogLogError(f"{path}: no catalog log")
-    scan = scan_log(path)
-    after = scan.header["after"]
-    base = newest_base(directory, after, bool(scan.header.get("base")))
-    records = tuple(r for _, r in scan.records)
-    if base is not None and base.version > after:  # a crash during a fold: the base is newer
-        last = records[-1].version if records else after
-        if last < base.version:
-            raise CatalogLogError(f"{path}: ends at version {last}, before base-{base.version}"
-                                  f".pt: versions go back")
-        after, records = base.version, tuple(r for r in records if r.version > base.version)
-    return StoredCatalog(after, base, records), scan
 
 
 class LogTail:

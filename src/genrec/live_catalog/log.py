@@ -41,8 +41,6 @@ from genrec.live_catalog.base import (
     sync_dir,
 )
 from genrec.live_catalog.dir_lock import LOCK_WAIT_S, can_lock, lock_dir, try_lock, unlock
-from genrec.live_catalog.follow import LOG_FILE, StoredCatalog, TailState, read_dir
-from genrec.live_catalog.follow import read_state as read_state  # with the log's names
 from genrec.live_catalog.log_format import (
     FORMAT,
     OPS,
@@ -52,6 +50,7 @@ from genrec.live_catalog.log_format import (
     frame,
     scan_log,
 )
+from genrec.live_catalog.stored import LOG_FILE, StoredCatalog, TailState, read_dir
 from genrec.utils.atomic import atomic_write
 
 logger = logging.getLogger("genrec.serving")

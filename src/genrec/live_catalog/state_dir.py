@@ -27,15 +27,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from genrec.live_catalog.follow import (
-    Followed,
-    LogFollower,
-    LogTail,
-    StoredCatalog,
-    read_followed,
-)
+from genrec.live_catalog.follow import Followed, LogFollower, LogTail
 from genrec.live_catalog.log import CatalogLog, FoldPolicy
 from genrec.live_catalog.log_format import CatalogLogError, LogRecord
+from genrec.live_catalog.stored import StoredCatalog, read_followed
 
 if TYPE_CHECKING:
     from genrec.live_catalog.base import CatalogBase
