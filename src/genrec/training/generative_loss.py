@@ -154,10 +154,9 @@ def distill_loss(log_probs: torch.Tensor, teacher_log_probs: torch.Tensor) -> to
     student that hides the user's items, a teacher that only pushes them down), the teacher's
     distribution is taken over the student's classes (renormalised), so the loss stays finite."""
     log_probs = log_probs.float()
-    support = torch.isfinite(log_probs)
-    if not bool(support.all()):
-        teacher_log_probs = torch.log_softmax(
-            teacher_log_probs.masked_fill(~support, float("-inf")), -1)
+    # renormalised over the student's classes (the same where it rules none out; no host sync)
+    teacher_log_probs = torch.log_softmax(
+        teacher_log_probs.masked_fill(~torch.isfinite(log_probs), float("-inf")), -1)
     p = teacher_log_probs.exp()
     terms = p * (teacher_log_probs - log_probs)
     return torch.where(p > 0, terms, torch.zeros_like(terms)).sum(-1).mean()
