@@ -183,13 +183,18 @@ def test_composed_item_head_with_history_bias_trains_and_evaluates(tmp_path: Pat
     assert "ndcg@10" in out and json.loads((tmp_path / "m.json").read_text())["n_users"] > 0
 
 
+def _tiny_run(data: Path, index: Path) -> list[str | Path]:
+    """The flags of a one-epoch run of a tiny model."""
+    return ["--data", data, "--index", index, "--epochs", "1", "--hidden", "16", "--layers", "1",
+            "--heads", "2", "--kv-heads", "1", "--head-dim", "8", "--batch-tokens", "200",
+            "--max-history", "3", "--val-users", "10", "--beam-width", "10", "--no-progress",
+            "--device", "cpu"]
+
+
 def test_a_run_distils_its_item_head_from_teachers(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "toy")
     invoke("index", "--data", data, "--out", tmp_path / "index.json")
-    tiny = ["--data", data, "--index", tmp_path / "index.json", "--epochs", "1",
-            "--hidden", "16", "--layers", "1", "--heads", "2", "--kv-heads", "1",
-            "--head-dim", "8", "--batch-tokens", "200", "--max-history", "3", "--val-users", "10",
-            "--beam-width", "10", "--no-progress", "--device", "cpu"]
+    tiny = _tiny_run(data, tmp_path / "index.json")
     invoke("train", "generative", "--out", tmp_path / "t1", *tiny)
     invoke("train", "generative", "--out", tmp_path / "t2", "--seed", "1", "--mask-history",
            "--no-history-bias", *tiny)
@@ -225,6 +230,24 @@ def test_a_run_distils_its_item_head_from_teachers(tmp_path: Path) -> None:
     result = runner.invoke(app, ["train", "generative", "--out", str(tmp_path / "bad"),
                                  "--sid-distill-weight", "0.5", *[str(a) for a in tiny]])
     assert result.exit_code == 1 and "--sid-distill-weight" in result.output
+
+
+def test_one_flag_trains_the_teachers_then_the_student(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "toy")
+    invoke("index", "--data", data, "--out", tmp_path / "index.json")
+    tiny = _tiny_run(data, tmp_path / "index.json")
+    run = tmp_path / "run"
+    out = invoke("train", "generative", "--out", run, "--distill", *tiny)
+    assert "teacher defaults: training" in out and "teacher mask-history: training" in out
+    assert "student: distilled from 2 teachers" in out and f"final model {run}/model" in out
+    args = json.loads((run / "train_args.json").read_text())
+    assert args["distill"] is True and len(args["teacher"]) == 2
+    out = invoke("eval", "--model", run, "--data", data, "--users", "5", "--device", "cpu")
+    assert "ndcg@10" in out.lower()
+    result = runner.invoke(app, ["train", "generative", "--out", str(tmp_path / "bad"),
+                                 "--distill", "--teacher", str(run / "model"),
+                                 *[str(a) for a in tiny]])
+    assert result.exit_code == 1 and "--distill or --teacher" in result.output
 
 
 def test_the_command_and_the_config_have_the_same_defaults() -> None:

@@ -63,6 +63,7 @@ class GenerativeTrainConfig:
     mask_history: bool = False
     item_loss_weight: float = 1.0
     teacher: list[Path] | None = None
+    distill: bool = False
     distill_weight: float = DISTILL_WEIGHT
     sid_distill_weight: float = 0.0
     epochs: int | None = None
@@ -193,6 +194,9 @@ def train_generative(
     args["history_bias"] = history_bias
     if c.item_input_dropout and not item_inputs:
         raise ValueError("--item-input-dropout needs the item inputs (--item-inputs)")
+    if c.distill and not c.teacher:
+        raise ValueError("--distill trains its teachers first: run it through "
+                         "genrec.training.distilled_run.train_distilled")
     if c.teacher and not item_head:
         raise ValueError("--teacher distils the item head: it needs --item-head")
     if c.sid_distill_weight and not c.teacher:
