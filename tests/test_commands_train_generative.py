@@ -248,6 +248,9 @@ def test_one_flag_trains_the_teachers_then_the_student(tmp_path: Path) -> None:
                                  "--distill", "--teacher", str(run / "model"),
                                  *[str(a) for a in tiny]])
     assert result.exit_code == 1 and "--distill or --teacher" in result.output
+    result = runner.invoke(app, ["train", "generative", "--out", str(tmp_path / "bad"),
+                                 "--distill", "--nproc", "2", *[str(a) for a in tiny]])
+    assert result.exit_code == 1 and "one process" in result.output
 
 
 def test_the_command_and_the_config_have_the_same_defaults() -> None:

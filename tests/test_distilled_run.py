@@ -70,6 +70,8 @@ def test_options_the_recipe_cannot_take_are_refused(tmp_path: Path) -> None:
     config = _config(tmp_path, teacher=[tmp_path / "t" / "model"])
     with pytest.raises(ValueError, match="--distill or --teacher"):
         train_distilled(config)
+    with pytest.raises(ValueError, match="one process"):
+        train_distilled(_config(tmp_path / "d", nproc=2))
     with pytest.raises(ValueError, match="--item-head"):
         train_distilled(_config(tmp_path / "b", item_head=False))
     # the single run's entry point does not train teachers by itself

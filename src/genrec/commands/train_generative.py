@@ -103,7 +103,7 @@ def train_generative(
              "options (the defaults, and --mask-history --no-history-bias --item-loss-weight "
              "0.5; in OUT/teachers/), then this model distilled from both. About 3.5x the "
              "training time of one run; serving costs the same. With --resume finished "
-             "teachers are reused.")] = False,
+             "teachers are reused. One process only (not with --nproc).")] = False,
     distill_weight: Annotated[float, typer.Option(
         min=0.0, max=1.0, help="With --teacher or --distill: the distillation's share of the "
                                "item head's loss (the rest: cross-entropy on the labels).")] = 0.8,
@@ -145,6 +145,9 @@ def train_generative(
     ``torchrun``, or with ``--nproc N``, data-parallel: each rank its shard of every batch)."""
     from genrec.training.distributed import relaunch
 
+    if distill and nproc > 1:
+        raise fail("--distill trains in one process: for several, train the teachers and then "
+                   "the student with --teacher, each with --nproc")
     if (code := relaunch(nproc)) is not None:
         raise typer.Exit(code=code)
     from genrec.training.distilled_run import train_distilled

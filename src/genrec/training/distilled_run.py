@@ -17,6 +17,7 @@ whose every step also runs both teachers' forwards.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -44,6 +45,10 @@ def teacher_configs(config: GenerativeTrainConfig,
 
     if config.teacher:
         raise ValueError("--distill trains its own teachers: give --distill or --teacher")
+    if config.nproc > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # a process joins torchrun's group once: three runs in one process cannot
+        raise ValueError("--distill trains in one process: for several, train the teachers "
+                         "and then the student with --teacher, each with --nproc")
     if config.item_head is False or config.init_from is not None:
         raise ValueError("--distill distils the item head: it trains from scratch with "
                          "--item-head")
