@@ -101,7 +101,7 @@ def train_generative(
     distill: Annotated[bool, typer.Option(
         help="The distilled recipe in one command: first train two teachers from these "
              "options (the defaults, and --mask-history --no-history-bias --item-loss-weight "
-             "0.5; in OUT/teachers/), then this model distilled from both. About 3.5x the "
+             "0.5; in OUT/teachers/), then this model distilled from both. About 4x the "
              "training time of one run; serving costs the same. With --resume finished "
              "teachers are reused. One process only (not with --nproc).")] = False,
     distill_weight: Annotated[float, typer.Option(
