@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from generative_run_support import tiny_config
 
 from genrec.data import load_json_dataset
-from genrec.training.distilled_run import finished, teacher_configs, train_distilled
+from genrec.training.distilled_run import teacher_configs, train_distilled
+from genrec.training.final_model import has_final_model
 from genrec.training.generative_run import GenerativeTrainConfig, train_generative
 
 
@@ -35,14 +37,15 @@ def test_the_teachers_are_the_measured_pair_under_out(tmp_path: Path) -> None:
 
 def test_one_call_trains_both_teachers_then_the_student_and_resumes(tmp_path: Path) -> None:
     lines: list[str] = []
-    result = train_distilled(_config(tmp_path), echo=lines.append)
+    config = _config(tmp_path)
+    result = train_distilled(config, echo=lines.append)
     run = tmp_path / "run"
     assert result is not None and result.epochs_done == 3
     for name, epochs in (("defaults", 3), ("mask-history", 2)):
-        assert finished(run / "teachers" / name)
+        assert has_final_model(run / "teachers" / name)
         history = json.loads((run / "teachers" / name / "history.json").read_text())
         assert len(history) == epochs
-    assert finished(run)
+    assert has_final_model(run)
     args = json.loads((run / "train_args.json").read_text())
     assert args["distill"] is True and args["distill_weight"] == 0.8
     assert args["teacher"] == [str(run / "teachers" / n / "model")
@@ -54,8 +57,7 @@ def test_one_call_trains_both_teachers_then_the_student_and_resumes(tmp_path: Pa
 
     # resumed: finished teachers are reused, the finished student is kept as it is
     lines.clear()
-    again = train_distilled(_config(tmp_path / "again", out=run, resume=True),
-                            echo=lines.append)
+    again = train_distilled(replace(config, resume=True), echo=lines.append)
     assert again is not None and again.epochs_done == 3
     assert [line for line in lines if line.startswith("teacher")] == [
         f"teacher defaults: reused ({run / 'teachers' / 'defaults' / 'model'})",
@@ -63,7 +65,7 @@ def test_one_call_trains_both_teachers_then_the_student_and_resumes(tmp_path: Pa
 
     # without resume an existing run is not overwritten
     with pytest.raises(FileExistsError):
-        train_distilled(_config(tmp_path / "third", out=run))
+        train_distilled(config)
 
 
 def test_options_the_recipe_cannot_take_are_refused(tmp_path: Path) -> None:

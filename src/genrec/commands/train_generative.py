@@ -101,7 +101,7 @@ def train_generative(
     distill: Annotated[bool, typer.Option(
         help="The distilled recipe in one command: first train two teachers from these "
              "options (the defaults, and --mask-history --no-history-bias --item-loss-weight "
-             "0.5; in OUT/teachers/), then this model distilled from both. About 4x the "
+             "0.5; in OUT/teachers/), then this model distilled from both. About 4.4x the "
              "training time of one run; serving costs the same. With --resume finished "
              "teachers are reused. One process only (not with --nproc).")] = False,
     distill_weight: Annotated[float, typer.Option(
@@ -143,14 +143,13 @@ def train_generative(
 ) -> None:
     """Train a Qwen3-architecture generative recommender on Semantic-ID sequences (under
     ``torchrun``, or with ``--nproc N``, data-parallel: each rank its shard of every batch)."""
+    from genrec.training.distilled_run import ONE_PROCESS, train_distilled
     from genrec.training.distributed import relaunch
 
-    if distill and nproc > 1:
-        raise fail("--distill trains in one process: for several, train the teachers and then "
-                   "the student with --teacher, each with --nproc")
+    if distill and nproc > 1:  # refused before torchrun starts the ranks
+        raise fail(ONE_PROCESS)
     if (code := relaunch(nproc)) is not None:
         raise typer.Exit(code=code)
-    from genrec.training.distilled_run import train_distilled
     from genrec.training.generative_run import GenerativeTrainConfig, train_generative
 
     config = GenerativeTrainConfig.from_options(locals())

@@ -11,8 +11,8 @@ Layout: each teacher is a complete run of its own under ``OUT/teachers/NAME`` (`
 ``best/``, ``model/``); the student is the run in ``OUT`` itself, so ``genrec eval --model OUT``
 and ``genrec serve`` read the student. With ``resume`` a teacher whose final model is written
 (``model.json``) is reused as it is, an unfinished one continues from its ``last/``, then the
-student continues or starts. Training costs about 4x one run on amazon14-beauty: two teachers, and a
-student whose every step also runs both teachers' forwards.
+student continues or starts. Training costs about 4.4x one run on amazon14-beauty: two
+teachers, and a student whose every step also runs both teachers' forwards.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 from genrec.data.dataset import Dataset
-from genrec.training.final_model import SUMMARY_FILE
+from genrec.training.final_model import has_final_model
 from genrec.training.generative_run import (
     RECIPE_KEYS,
     GenerativeTrainConfig,
@@ -35,6 +34,9 @@ from genrec.training.loop import FitResult
 from genrec.training.run_layout import MODEL
 
 TEACHERS = "teachers"  # OUT/teachers/NAME: one complete run per teacher
+# a process joins torchrun's group once: the three runs cannot share one process group
+ONE_PROCESS = ("--distill trains in one process: for several, train the teachers and then the "
+               "student with --teacher, each with --nproc")
 
 
 def teacher_configs(config: GenerativeTrainConfig,
@@ -46,9 +48,7 @@ def teacher_configs(config: GenerativeTrainConfig,
     if config.teacher:
         raise ValueError("--distill trains its own teachers: give --distill or --teacher")
     if config.nproc > 1 or int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        # a process joins torchrun's group once: three runs in one process cannot
-        raise ValueError("--distill trains in one process: for several, train the teachers "
-                         "and then the student with --teacher, each with --nproc")
+        raise ValueError(ONE_PROCESS)
     if config.item_head is False or config.init_from is not None:
         raise ValueError("--distill distils the item head: it trains from scratch with "
                          "--item-head")
@@ -64,11 +64,6 @@ def teacher_configs(config: GenerativeTrainConfig,
     }
 
 
-def finished(out: Path) -> bool:
-    """Whether the run in ``out`` has written its final model."""
-    return (out / SUMMARY_FILE).is_file() and (out / MODEL / "config.json").is_file()
-
-
 def train_distilled(
     config: GenerativeTrainConfig, dataset: Dataset | None = None,
     echo: Callable[[str], None] = print,
@@ -79,7 +74,7 @@ def train_distilled(
     ds = load_config_dataset(config) if dataset is None else dataset
     teachers = teacher_configs(config, ds)
     for name, teacher in teachers.items():
-        if config.resume and finished(teacher.out):
+        if config.resume and has_final_model(teacher.out):
             echo(f"teacher {name}: reused ({teacher.out / MODEL})")
             continue
         echo(f"teacher {name}: training ({teacher.out})")

@@ -62,6 +62,11 @@ def _label(epochs: list[int]) -> str:
     return f"mean of epochs {epochs[0]}-{epochs[-1]}" if len(epochs) > 1 else f"epoch {epochs[0]}"
 
 
+def has_final_model(out: Path) -> bool:
+    """Whether the run in ``out`` has written its final model (``model/`` and ``model.json``)."""
+    return (out / SUMMARY_FILE).is_file() and (out / MODEL / "config.json").is_file()
+
+
 def finish_run(model: nn.Module, out: Path, window: int, monitor: str, state: dict[str, Any],
                validate: Validate, load_into: LoadInto, refine: Refine | None = None,
                validate_final: Validate | None = None) -> dict[str, Any]:
@@ -75,7 +80,7 @@ def finish_run(model: nn.Module, out: Path, window: int, monitor: str, state: di
     the best epoch again too, when there are means to compare it with). A summary of the same
     finished epoch is kept as it is (a finished run resumed)."""
     summary_file = out / SUMMARY_FILE
-    if summary_file.is_file() and (out / MODEL / "config.json").is_file():
+    if has_final_model(out):
         summary = json.loads(summary_file.read_text())
         if summary.get("epoch") == state["epoch"]:
             load_into(model, out / MODEL)
