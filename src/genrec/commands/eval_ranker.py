@@ -10,7 +10,7 @@ import typer
 
 from genrec.commands.common import INPUT_ERRORS, fail
 from genrec.commands.dataset import TableOpt, load_dataset
-from genrec.commands.train_duolm import (
+from genrec.commands.duolm_data import (
     FEATURES_FILE,
     catalog_features,
     dataset_item_text,
