@@ -201,11 +201,12 @@ def test_a_run_distils_its_item_head_from_teachers(tmp_path: Path) -> None:
     run = tmp_path / "student"
     out = invoke("train", "generative", "--out", run, "--teacher", tmp_path / "t1" / "model",
                  "--teacher", tmp_path / "t2" / "model", "--distill-weight", "0.7",
-                 "--sid-distill-weight", "0.5", *tiny)
+                 "--sid-distill-weight", "0.5", "--distill-temperature", "2", *tiny)
     assert "final model" in out
     args = json.loads((run / "train_args.json").read_text())
     assert args["teacher"] == [str(tmp_path / "t1" / "model"), str(tmp_path / "t2" / "model")]
     assert args["distill_weight"] == 0.7 and args["sid_distill_weight"] == 0.5
+    assert args["distill_temperature"] == 2.0
     # one teacher that hides the user's items (-inf there) trains to a finite loss
     out = invoke("train", "generative", "--out", tmp_path / "s2", "--teacher",
                  tmp_path / "t2" / "model", "--sid-distill-weight", "1", *tiny)
@@ -230,6 +231,9 @@ def test_a_run_distils_its_item_head_from_teachers(tmp_path: Path) -> None:
     result = runner.invoke(app, ["train", "generative", "--out", str(tmp_path / "bad"),
                                  "--sid-distill-weight", "0.5", *[str(a) for a in tiny]])
     assert result.exit_code == 1 and "--sid-distill-weight" in result.output
+    result = runner.invoke(app, ["train", "generative", "--out", str(tmp_path / "bad"),
+                                 "--distill-temperature", "0.5", *[str(a) for a in tiny]])
+    assert result.exit_code == 1 and "--distill-temperature" in result.output
 
 
 def test_one_flag_trains_the_teachers_then_the_student(tmp_path: Path) -> None:

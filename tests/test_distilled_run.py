@@ -21,7 +21,7 @@ def _config(tmp_path: Path, **options: object) -> GenerativeTrainConfig:
 
 
 def test_the_teachers_are_the_measured_pair_under_out(tmp_path: Path) -> None:
-    config = _config(tmp_path, dropout=0.3, sid_distill_weight=0.5)
+    config = _config(tmp_path, dropout=0.3, sid_distill_weight=0.5, distill_temperature=2.0)
     teachers = teacher_configs(config, load_json_dataset(config.data))
     assert list(teachers) == ["defaults", "mask-history"]
     plain, masked = teachers["defaults"], teachers["mask-history"]
@@ -30,6 +30,7 @@ def test_the_teachers_are_the_measured_pair_under_out(tmp_path: Path) -> None:
     for t in (plain, masked):  # the run's own options, no distillation of their own
         assert t.dropout == 0.3 and t.hidden == 16 and t.teacher is None
         assert t.distill is False and t.sid_distill_weight == 0.0
+        assert t.distill_temperature == 1.0
     assert plain.epochs == 3 and plain.mask_history is False and plain.item_loss_weight == 1.0
     assert masked.mask_history is True and masked.history_bias is False
     assert masked.item_loss_weight == 0.5 and masked.epochs == 2  # two thirds of the run's

@@ -111,6 +111,42 @@ def test_distill_loss_is_zero_only_at_the_teacher() -> None:
     assert float(distill_loss(ruled_out, logp)) == pytest.approx(0, abs=1e-6)
 
 
+def test_a_temperature_tempers_both_distributions_and_scales_by_its_square() -> None:
+    torch.manual_seed(0)
+    student, teacher = torch.randn(3, 7), torch.randn(3, 7)
+    logp, target = torch.log_softmax(student, -1), torch.log_softmax(teacher, -1)
+    for t in (0.5, 2.0):
+        p = torch.softmax(teacher / t, -1)
+        expected = t**2 * (p * (torch.log(p) - torch.log_softmax(student / t, -1))).sum(-1).mean()
+        assert float(distill_loss(logp, target, t)) == pytest.approx(float(expected), rel=1e-5)
+        # at any temperature the loss is zero exactly at the teacher
+        assert float(distill_loss(target, target, t)) == pytest.approx(0, abs=1e-6)
+    assert float(distill_loss(logp, target, 1.0)) == float(distill_loss(logp, target))
+    # T < 1 weighs the teachers' top classes: moving probability among the tail costs less
+    tail = target.clone()
+    for row, order in zip(tail, target.argsort(-1), strict=True):
+        row[order[:3]] = row[order[:3]].flip(0)  # the three least likely classes swapped
+    assert float(distill_loss(tail, target, 0.5)) < float(distill_loss(tail, target, 2.0))
+
+
+def test_the_item_term_distils_at_the_teachers_temperature() -> None:
+    vocab = tiny_vocab()
+    student, batch = head_model(vocab, 0), one_batch(vocab)
+    teacher = ItemTeacher([head_model(vocab, 1)], weight=0.5, temperature=2.0)
+    at = batch.item_labels != IGNORE
+    got = teacher.targets(batch, at).items
+    logits = student.item_head.with_history(
+        student.item_head.logits(batch_hidden(student, batch)[at]), batch.seen_items)
+    ce = F.cross_entropy(logits, batch.item_labels[at])
+    kl = distill_loss(torch.log_softmax(logits, -1), got, 2.0)
+    assert float(kl.detach()) != pytest.approx(float(distill_loss(
+        torch.log_softmax(logits, -1), got).detach()), rel=1e-3)
+    expected = batch_loss(student, batch, vocab, item_weight=0.0) + 0.5 * ce + 0.5 * kl
+    assert torch.allclose(batch_loss(student, batch, vocab, 1.0, teacher), expected, atol=1e-5)
+    with pytest.raises(ValueError, match="distill temperature"):
+        ItemTeacher([head_model(vocab, 1)], temperature=0.0)
+
+
 def test_teachers_over_another_index_or_without_a_head_are_refused(tmp_path: Path) -> None:
     vocab = tiny_vocab()
     student = head_model(vocab, 0)

@@ -27,7 +27,10 @@ def test_bad_options_raise_value_errors(tmp_path: Path) -> None:
     config = tiny_config(tmp_path, prompt_text="hi")
     with pytest.raises(ValueError, match="--prompt-text needs --extend-vocab"):
         train_generative(config)
-    config.data, config.prompt_text = None, None
+    config.prompt_text, config.distill_temperature = None, 2.0
+    with pytest.raises(ValueError, match="--distill-temperature distils from the teachers"):
+        train_generative(config)
+    config.data, config.distill_temperature = None, 1.0
     with pytest.raises(ValueError, match="exactly one of data"):
         train_generative(config)
 

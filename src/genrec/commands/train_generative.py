@@ -111,6 +111,10 @@ def train_generative(
         min=0.0, max=1.0, help="With --teacher or --distill: the distillation's share of the "
                                "Semantic-ID tokens' loss, KL to the teachers' next-token "
                                "distribution (0: the labels only).")] = 0.0,
+    distill_temperature: Annotated[float, typer.Option(
+        min=0.01, help="With --teacher or --distill: the item head's distillation temperature "
+                       "T (both distributions at T, the KL scaled by T^2; below 1 weighs the "
+                       "teachers' top items, above 1 their tail).")] = 1.0,
     epochs: RecipeInt = None,
     batch_tokens: Annotated[int, typer.Option(min=1, help="Tokens per step.")] = 4096,
     lr: float = 1e-3, weight_decay: float = 0.01, warmup_ratio: float = 0.05,

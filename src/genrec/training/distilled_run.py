@@ -54,7 +54,8 @@ def teacher_configs(config: GenerativeTrainConfig,
                          "--item-head")
     train = training_sequences(dataset.sequences)
     epochs = pick_recipe(train, {k: getattr(config, k) for k in RECIPE_KEYS}, False)["epochs"]
-    base = replace(config, distill=False, teacher=None, sid_distill_weight=0.0)
+    base = replace(config, distill=False, teacher=None, sid_distill_weight=0.0,
+                   distill_temperature=1.0)
     folder = config.out / TEACHERS
     return {
         "defaults": replace(base, out=folder / "defaults"),

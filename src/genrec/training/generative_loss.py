@@ -5,10 +5,12 @@ its cross-entropy over all items. With an :class:`ItemTeacher` (trained genrec m
 same Semantic index: one, or several whose probabilities are averaged), the item term becomes
 ``(1 - weight) x cross-entropy + weight x KL(teacher || student)`` over all items at the same
 rows (knowledge distillation): the student learns which other items the teachers find likely,
-not only the one the user took. With ``sid_weight`` the Semantic-ID term is mixed the same way
-with KL to the teachers' mean next-token distribution (over the vocabulary, or over each
-target's level when the model normalises per level). The teachers read exactly the student's
-batch (same tokens, same seen items), once per step, without gradients.
+not only the one the user took. At a ``temperature`` T other than 1 both distributions are taken
+at T (log-probabilities / T, renormalised) and the KL is scaled by T^2 (Hinton et al.): T < 1
+weighs the items the teachers rank highest, T > 1 the tail. With ``sid_weight`` the Semantic-ID
+term is mixed the same way with KL to the teachers' mean next-token distribution (over the
+vocabulary, or over each target's level when the model normalises per level). The teachers read
+exactly the student's batch (same tokens, same seen items), once per step, without gradients.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from genrec.vocab.sid_vocab import SidVocab
 # the distillation's share of the item head's loss when none is given (amazon14-beauty,
 # docs/results.md: 0.8 validated above 0.5)
 DISTILL_WEIGHT = 0.8
+DISTILL_TEMPERATURE = 1.0
 
 
 def batch_hidden(model: DecoderLM, batch: TrainBatch) -> torch.Tensor:
@@ -80,30 +83,35 @@ class ItemTeacher:
     """Frozen teacher models, ``weight`` in (0, 1] the distillation's share of the item head's
     term and ``sid_weight`` in [0, 1] its share of the Semantic-ID term (0: labels only). Each
     teacher needs an item head over the student's items and the student's vocabulary (the same
-    Semantic index); their probabilities are averaged (an ensemble's)."""
+    Semantic index); their probabilities are averaged (an ensemble's). ``temperature`` > 0:
+    the item term's distillation temperature (:func:`distill_loss`)."""
 
     def __init__(self, models: Sequence[DecoderLM], weight: float = DISTILL_WEIGHT,
-                 sid_weight: float = 0.0) -> None:
+                 sid_weight: float = 0.0, temperature: float = DISTILL_TEMPERATURE) -> None:
         if not models:
             raise ValueError("teachers: give at least one model")
         if not 0 < weight <= 1:
             raise ValueError(f"distill weight must be in (0, 1], got {weight}")
         if not 0 <= sid_weight <= 1:
             raise ValueError(f"sid distill weight must be in [0, 1], got {sid_weight}")
+        if not temperature > 0:
+            raise ValueError(f"distill temperature must be > 0, got {temperature}")
         for m in models:
             if m.item_head is None:
                 raise ValueError("teacher: a model with an item head is needed")
             m.eval().requires_grad_(False)
         self.models, self.weight, self.sid_weight = list(models), float(weight), float(sid_weight)
+        self.temperature = float(temperature)
 
     @classmethod
     def load(cls, paths: Sequence[Path], weight: float = DISTILL_WEIGHT,
-             device: str | torch.device = "cpu", sid_weight: float = 0.0) -> ItemTeacher:
+             device: str | torch.device = "cpu", sid_weight: float = 0.0,
+             temperature: float = DISTILL_TEMPERATURE) -> ItemTeacher:
         """Load each folder of ``paths`` (a trained model, e.g. a run's ``model/``) in fp32."""
         from genrec.model import load_model
 
         return cls([load_model(p, dtype=torch.float32, device=device) for p in paths], weight,
-                   sid_weight)
+                   sid_weight, temperature)
 
     def check(self, student: DecoderLM) -> None:
         """Raise ValueError unless every teacher reads the student's tokens and scores its
@@ -148,18 +156,25 @@ class ItemTeacher:
         return TeacherTargets(item_total - n, None if sid_total is None else sid_total - n)
 
 
-def distill_loss(log_probs: torch.Tensor, teacher_log_probs: torch.Tensor) -> torch.Tensor:
-    """Mean over rows of KL(teacher || student), both given as log-probabilities [N, classes].
-    Classes the teacher rules out (-inf) add nothing; where the student rules classes out (a
-    student that hides the user's items, a teacher that only pushes them down), the teacher's
-    distribution is taken over the student's classes (renormalised), so the loss stays finite."""
+def distill_loss(log_probs: torch.Tensor, teacher_log_probs: torch.Tensor,
+                 temperature: float = 1.0) -> torch.Tensor:
+    """Mean over rows of KL(teacher || student), both given as log-probabilities [N, classes];
+    at a ``temperature`` T != 1 both taken at T (log-probabilities / T, renormalised) and the KL
+    scaled by T^2. Classes the teacher rules out (-inf) add nothing; where the student rules
+    classes out (a student that hides the user's items, a teacher that only pushes them down),
+    the teacher's distribution is taken over the student's classes (renormalised), so the loss
+    stays finite."""
     log_probs = log_probs.float()
+    if temperature != 1.0:
+        log_probs = torch.log_softmax(log_probs / temperature, -1)
+        teacher_log_probs = teacher_log_probs.float() / temperature
     # renormalised over the student's classes (the same where it rules none out; no host sync)
     teacher_log_probs = torch.log_softmax(
         teacher_log_probs.masked_fill(~torch.isfinite(log_probs), float("-inf")), -1)
     p = teacher_log_probs.exp()
     terms = p * (teacher_log_probs - log_probs)
-    return torch.where(p > 0, terms, torch.zeros_like(terms)).sum(-1).mean()
+    kl = torch.where(p > 0, terms, torch.zeros_like(terms)).sum(-1).mean()
+    return kl * temperature**2 if temperature != 1.0 else kl
 
 
 def batch_loss(model: DecoderLM, batch: TrainBatch, vocab: SidVocab | None = None,
@@ -186,7 +201,7 @@ def batch_loss(model: DecoderLM, batch: TrainBatch, vocab: SidVocab | None = Non
     if teacher is None:
         return sid_loss(model, hidden[rows], labels[rows], vocab) + item_weight * item
     target = teacher.targets(batch, at, rows, vocab)
-    kl = distill_loss(torch.log_softmax(logits.float(), -1), target.items)
+    kl = distill_loss(torch.log_softmax(logits.float(), -1), target.items, teacher.temperature)
     item = (1 - teacher.weight) * item + teacher.weight * kl
     if target.sids is None:
         return sid_loss(model, hidden[rows], labels[rows], vocab) + item_weight * item

@@ -21,7 +21,7 @@ import torch
 
 from genrec.catalog.semantic_ids import SemanticIndex
 from genrec.data.dataset import Dataset
-from genrec.training.generative_loss import DISTILL_WEIGHT
+from genrec.training.generative_loss import DISTILL_TEMPERATURE, DISTILL_WEIGHT
 from genrec.training.loop import FitResult
 
 RECIPE_KEYS = ("hidden", "layers", "heads", "kv_heads", "head_dim", "dropout", "epochs")
@@ -66,6 +66,7 @@ class GenerativeTrainConfig:
     distill: bool = False
     distill_weight: float = DISTILL_WEIGHT
     sid_distill_weight: float = 0.0
+    distill_temperature: float = DISTILL_TEMPERATURE
     epochs: int | None = None
     batch_tokens: int = 4096
     lr: float = 1e-3
@@ -201,6 +202,8 @@ def train_generative(
         raise ValueError("--teacher distils the item head: it needs --item-head")
     if c.sid_distill_weight and not c.teacher:
         raise ValueError("--sid-distill-weight distils from the teachers: give --teacher")
+    if c.distill_temperature != DISTILL_TEMPERATURE and not c.teacher:
+        raise ValueError("--distill-temperature distils from the teachers: give --teacher")
     train = training_sequences(ds.sequences)
     recipe = pick_recipe(train, {k: getattr(c, k) for k in RECIPE_KEYS}, main, echo)
     args |= recipe
@@ -238,7 +241,8 @@ def train_generative(
     model.set_dropout(recipe["dropout"])
     teacher = None
     if c.teacher:
-        teacher = ItemTeacher.load(c.teacher, c.distill_weight, dev, c.sid_distill_weight)
+        teacher = ItemTeacher.load(c.teacher, c.distill_weight, dev, c.sid_distill_weight,
+                                   c.distill_temperature)
         teacher.check(model)
     if model.item_head is not None:
         model.item_head.input_dropout = c.item_input_dropout
