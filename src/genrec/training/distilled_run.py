@@ -23,6 +23,7 @@ from dataclasses import replace
 
 from genrec.data.dataset import Dataset
 from genrec.training.final_model import has_final_model
+from genrec.training.generative_loss import DISTILL_TEMPERATURE
 from genrec.training.generative_run import (
     RECIPE_KEYS,
     GenerativeTrainConfig,
@@ -55,7 +56,7 @@ def teacher_configs(config: GenerativeTrainConfig,
     train = training_sequences(dataset.sequences)
     epochs = pick_recipe(train, {k: getattr(config, k) for k in RECIPE_KEYS}, False)["epochs"]
     base = replace(config, distill=False, teacher=None, sid_distill_weight=0.0,
-                   distill_temperature=1.0)
+                   distill_temperature=DISTILL_TEMPERATURE)
     folder = config.out / TEACHERS
     return {
         "defaults": replace(base, out=folder / "defaults"),

@@ -174,7 +174,7 @@ def distill_loss(log_probs: torch.Tensor, teacher_log_probs: torch.Tensor,
     p = teacher_log_probs.exp()
     terms = p * (teacher_log_probs - log_probs)
     kl = torch.where(p > 0, terms, torch.zeros_like(terms)).sum(-1).mean()
-    return kl * temperature**2 if temperature != 1.0 else kl
+    return kl * temperature**2
 
 
 def batch_loss(model: DecoderLM, batch: TrainBatch, vocab: SidVocab | None = None,
