@@ -33,10 +33,12 @@ def head_engine(seed: int = 0) -> Engine:
     return Engine(model, config=EngineConfig(soft_token_id=SOFT_ID), vocab=vocab)
 
 
-def inputs_model(vocab: SidVocab, seed: int = 0, compose: bool = False):  # noqa: ANN201
+def inputs_model(vocab: SidVocab, seed: int = 0, compose: bool = False,  # noqa: ANN201
+                 item_dim: int = 0):
     torch.manual_seed(seed)
     cfg = scratch_config(vocab, hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8,
-                         item_head=True, item_inputs=True, item_compose=compose)
+                         item_head=True, item_inputs=True, item_compose=compose,
+                         item_dim=item_dim)
     model = build_model(cfg)
     set_item_tokens(model, vocab)
     return model

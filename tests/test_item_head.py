@@ -176,6 +176,34 @@ def test_item_loss_weight_scales_the_heads_share_of_the_loss() -> None:
         GenerativeTask(vocab, [[1, 2, 3, 4]], item_loss_weight=0.0)
 
 
+def test_a_bottleneck_projects_small_item_rows_everywhere_and_survives_a_checkpoint(
+        tmp_path) -> None:
+    vocab = tiny_vocab()
+    model = inputs_model(vocab, item_dim=8)
+    head = model.item_head
+    assert head.weight.shape == (N_ITEMS, 8) and head.proj.shape == (8, 32)
+    expected = head.weight @ head.proj  # scored and added to the input alike
+    torch.testing.assert_close(head.item_vectors(), expected)
+    hidden = torch.randn(3, 32)
+    torch.testing.assert_close(head.logits(hidden), hidden @ expected.detach().T)
+    ids = torch.tensor(vocab.prompt([3, 11]))
+    torch.testing.assert_close(head.add_inputs(torch.zeros(len(ids), 32), ids)[len(ids) - 1],
+                               expected[11].detach())
+    # the loss trains the rows and the shared projection
+    batch = next(GenerativeTask(vocab, [[1, 2, 3, 4]], batch_tokens=10_000).batches(0))
+    batch_loss(model, batch).backward()
+    assert head.weight.grad.abs().sum() > 0 and head.proj.grad.abs().sum() > 0
+    save_model(model, tmp_path)
+    loaded = load_model(tmp_path)
+    assert loaded.config.item_dim == 8 and torch.equal(loaded.item_head.proj, head.proj)
+    params, request = BeamParams(beam_width=8, n=5, item_weight=3.0), RowRequest(history=[3, 11])
+    recs = [Engine(m, config=EngineConfig(soft_token_id=SOFT_ID), vocab=vocab)
+            .recommend_rows([request], params)[0] for m in (model, loaded)]
+    assert recs[0].items == recs[1].items
+    with pytest.raises(ValueError, match="item_dim"):
+        dataclasses.replace(model.config, item_dim=64)
+    with pytest.raises(ValueError, match="item_dim needs an item head"):
+        dataclasses.replace(model.config, item_head=0, item_inputs=0, item_dim=8)
 
 
 def test_composed_items_add_their_semantic_id_embeddings_and_survive_a_checkpoint(tmp_path) -> None:

@@ -78,6 +78,10 @@ def train_generative(
         help="The item head scores each item with its own embedding plus the sum of its "
              "Semantic-ID tokens' embeddings (items sharing ID prefixes share strength; needs "
              "--item-inputs).")] = False,
+    item_dim: Annotated[int, typer.Option(
+        min=0, help="The size of each item's row in the item head, projected to the hidden size "
+                    "by one shared matrix (SASRec-sized item embeddings under a wider model; "
+                    "0: the hidden size).")] = 0,
     history_bias: Annotated[bool | None, typer.Option(
         help="The item head learns one bias for the items already in the user's history (at "
              "serving: the request's history), so a model learns from the data whether users "

@@ -34,6 +34,8 @@ class ModelConfig:
     head vector is its own row plus the sum of its Semantic-ID tokens' input embeddings.
     ``history_bias`` (needs ``item_head``): a learned scalar added to the head's logit of every
     item already in the user's history (what the data says of taking an item again).
+    ``item_dim`` (needs ``item_head``; 0: the hidden size): the size of each item's head row,
+    projected to the hidden size by one shared matrix when smaller.
     """
 
     architecture: str = "Qwen3ForCausalLM"
@@ -60,6 +62,7 @@ class ModelConfig:
     item_inputs: int = 0
     item_compose: bool = False
     history_bias: bool = False
+    item_dim: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -96,6 +99,12 @@ class ModelConfig:
             raise ValueError(f"history_bias must be true or false, got {self.history_bias!r}")
         if self.history_bias and not self.item_head:
             raise ValueError("history_bias needs an item head (item_head > 0)")
+        if not isinstance(self.item_dim, int) or isinstance(self.item_dim, bool) \
+                or not 0 <= self.item_dim <= self.hidden_size:
+            raise ValueError(f"item_dim must be an integer in [0, hidden_size], got "
+                             f"{self.item_dim!r}")
+        if self.item_dim and not self.item_head:
+            raise ValueError("item_dim needs an item head (item_head > 0)")
         if self.sid_normalize not in ("full", "level"):
             raise ValueError(f"sid_normalize must be 'full' or 'level', got {self.sid_normalize!r}")
         if not self.rms_norm_eps > 0 or not self.rope_theta > 0:

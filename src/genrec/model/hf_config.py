@@ -60,7 +60,7 @@ _ARCH_BY_MODEL_TYPE = {layout.model_type: arch for arch, layout in _LAYOUTS.item
 
 # genrec's own config keys, under "genrec" in config.json
 _GENREC_KEYS = ("user_dim", "score_head", "sid_normalize", "item_head", "item_inputs",
-                "item_compose", "history_bias")
+                "item_compose", "history_bias", "item_dim")
 
 
 def layout_fields(architecture: str) -> dict[str, bool] | None:
@@ -150,6 +150,8 @@ def hf_from_fields(cfg: Any) -> dict[str, Any]:
         out.setdefault("genrec", {})["item_compose"] = True
     if cfg.history_bias:
         out.setdefault("genrec", {})["history_bias"] = True
+    if cfg.item_dim:
+        out.setdefault("genrec", {})["item_dim"] = cfg.item_dim
     return out
 
 

@@ -20,9 +20,16 @@ Composed (``ModelConfig.item_compose``): the head scores each item with its own 
 of its Semantic-ID tokens' input embeddings (the decoder's ``embed_tokens``, not a copy), so
 items that share ID prefixes share what they learn, as Semantic-ID embeddings do for rare
 items; an item's input stays its own row (its tokens already enter as themselves).
+
+With a bottleneck (``ModelConfig.item_dim`` below the hidden size) each item keeps a row of
+``item_dim`` numbers, ``weight`` [num_items, item_dim], and one shared ``proj`` [item_dim,
+hidden] maps it to the hidden size wherever a row is used (scored or added to the input): fewer
+parameters per item, as SASRec's small item embeddings have.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -39,12 +46,22 @@ class ItemHead(nn.Module):
     """Item embeddings [num_items, hidden], initialised N(0, 0.02) like the decoder's;
     ``levels`` > 0 also keeps each item's Semantic-ID tokens for item inputs; ``compose``: the
     decoder's token embedding, whose rows of an item's tokens join its head vector;
-    ``history_bias``: a learned scalar added to the logits of the user's own items."""
+    ``history_bias``: a learned scalar added to the logits of the user's own items; ``dim``
+    (0: ``hidden``): the rows' size, projected to ``hidden`` by ``proj`` when smaller (the item
+    vectors still start at N(0, 0.02))."""
 
     def __init__(self, num_items: int, hidden: int, levels: int = 0,
-                 compose: nn.Embedding | None = None, history_bias: bool = False) -> None:
+                 compose: nn.Embedding | None = None, history_bias: bool = False,
+                 dim: int = 0) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_items, hidden).normal_(0.0, 0.02))
+        dim = dim or hidden
+        if dim > hidden:
+            raise ValueError(f"item head: rows of {dim} above the hidden size {hidden}")
+        self.weight = nn.Parameter(torch.empty(num_items, dim).normal_(0.0, 0.02))
+        # [dim, hidden]; a plain parameter (not nn.Linear) so that the decoder's N(0, 0.02)
+        # initialisation leaves it at unit gain: a projected row keeps the row's scale
+        self.proj = (nn.Parameter(torch.randn(dim, hidden) / math.sqrt(dim))
+                     if dim < hidden else None)
         if levels:
             self.register_buffer("item_tokens", torch.full((num_items, levels), -1))
         else:
@@ -123,7 +140,11 @@ class ItemHead(nn.Module):
             at = at[torch.rand(at.numel(), device=at.device) >= self.input_dropout]
         if not at.numel():
             return embeds
-        return embeds.index_add(0, at, self.weight[items[at]].to(embeds.dtype))
+        return embeds.index_add(0, at, self._project(self.weight[items[at]]).to(embeds.dtype))
+
+    def _project(self, rows: torch.Tensor) -> torch.Tensor:
+        """Rows of ``weight`` [N, dim] -> [N, hidden]."""
+        return rows if self.proj is None else rows @ self.proj
 
     @property
     def num_items(self) -> int:
@@ -134,20 +155,26 @@ class ItemHead(nn.Module):
         return bool(self._compose)
 
     def item_vectors(self) -> torch.Tensor:
-        """The vectors the head scores items with: [num_items, hidden], each item's row plus,
-        composed, the sum of its Semantic-ID tokens' embeddings."""
-        if not self._compose:
+        """The vectors the head scores items with: [num_items, hidden], each item's (projected)
+        row plus, composed, the sum of its Semantic-ID tokens' embeddings."""
+        if not self._compose and self.proj is None:
             return self.weight
-        table, tokens = self._compose[0].weight, self.item_tokens
+        params = [self.weight] + ([self.proj] if self.proj is not None else [])
+        if self._compose:
+            params += [self._compose[0].weight, self.item_tokens]
 
         def build() -> tuple[torch.Tensor]:
+            vectors = self._project(self.weight)
+            if not self._compose:
+                return (vectors,)
+            table, tokens = self._compose[0].weight, self.item_tokens
             if int(tokens.min()) < 0:
                 raise ValueError("item tokens: not set (ItemHead.set_item_tokens)")
             shared = F.embedding_bag(tokens, table, mode="sum")  # [num_items, hidden]
-            return (self.weight + shared.to(self.weight.dtype),)
+            return (vectors + shared.to(vectors.dtype),)
 
         # served: built once per weights, not per request (rebuilt when they change)
-        return derived(self, "item_vectors", [self.weight, table, tokens], build)[0]
+        return derived(self, "item_vectors", params, build)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, num_items] (fp32)."""

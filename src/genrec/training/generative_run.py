@@ -58,6 +58,7 @@ class GenerativeTrainConfig:
     item_head: bool | None = None
     item_inputs: bool | None = None
     item_compose: bool = False
+    item_dim: int = 0
     item_input_dropout: float = 0.0
     history_bias: bool | None = None
     mask_history: bool = False
@@ -187,6 +188,8 @@ def train_generative(
     if c.mask_history and not item_head:
         raise ValueError("--mask-history trains the item head: it needs --item-head")
     args["item_inputs"] = item_inputs
+    if c.item_dim and not item_head:
+        raise ValueError("--item-dim sizes the item head's rows: it needs --item-head")
     if c.item_compose and not item_inputs:
         raise ValueError("--item-compose needs the item inputs (--item-inputs)")
     if c.history_bias and not item_head:
@@ -235,7 +238,7 @@ def train_generative(
             model = build_model(gen.scratch_config(
                 vocab, recipe["hidden"], recipe["layers"], recipe["heads"], recipe["kv_heads"],
                 recipe["head_dim"], c.intermediate, dim, item_head, item_inputs,
-                c.item_compose, history_bias))
+                c.item_compose, history_bias, c.item_dim))
             init_weights(model)
             gen.set_item_tokens(model, vocab)
     model.set_dropout(recipe["dropout"])

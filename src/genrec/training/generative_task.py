@@ -246,13 +246,14 @@ def scratch_config(
     vocab: SidVocab, hidden: int = 128, layers: int = 4, heads: int = 4, kv_heads: int = 2,
     head_dim: int = 32, intermediate: int | None = None, user_dim: int = 0,
     item_head: bool = False, item_inputs: bool = False, item_compose: bool = False,
-    history_bias: bool = False,
+    history_bias: bool = False, item_dim: int = 0,
 ) -> ModelConfig:
     """A Qwen3-architecture config over exactly the SID vocabulary, with tied embeddings and
     enough positions for a full prompt plus one generated item (``item_head``: a dense item
     head over the index's items; ``item_inputs``: its embeddings also on the input;
     ``item_compose``: the head's item vectors include their Semantic-ID tokens' embeddings;
-    ``history_bias``: the head learns a bias for the user's own items)."""
+    ``history_bias``: the head learns a bias for the user's own items; ``item_dim``: the size of
+    the head's item rows, 0 for the hidden size)."""
     longest = 2 + (vocab.max_history + 1) * vocab.num_levels
     return ModelConfig(
         architecture="Qwen3ForCausalLM", vocab_size=vocab.vocab_size, hidden_size=hidden,
@@ -262,7 +263,7 @@ def scratch_config(
         tie_word_embeddings=True, user_dim=user_dim,
         item_head=vocab.index.num_items if item_head else 0,
         item_inputs=vocab.num_levels if item_inputs else 0, item_compose=item_compose,
-        history_bias=history_bias,
+        history_bias=history_bias, item_dim=item_dim if item_head else 0,
     )
 
 
