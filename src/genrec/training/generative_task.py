@@ -263,7 +263,7 @@ def scratch_config(
         tie_word_embeddings=True, user_dim=user_dim,
         item_head=vocab.index.num_items if item_head else 0,
         item_inputs=vocab.num_levels if item_inputs else 0, item_compose=item_compose,
-        history_bias=history_bias, item_dim=item_dim if item_head else 0,
+        history_bias=history_bias, item_dim=item_dim,
     )
 
 
