@@ -34,6 +34,16 @@ def test_the_teachers_are_the_measured_pair_under_out(tmp_path: Path) -> None:
     assert plain.epochs == 3 and plain.mask_history is False and plain.item_loss_weight == 1.0
     assert masked.mask_history is True and masked.history_bias is False
     assert masked.item_loss_weight == 0.5 and masked.epochs == 2  # two thirds of the run's
+    assert plain.history_bias is True
+
+
+def test_the_teachers_keep_their_own_history_handling_under_a_masked_student(
+        tmp_path: Path) -> None:
+    config = _config(tmp_path, mask_history=True, history_bias=False)
+    teachers = teacher_configs(config, load_json_dataset(config.data))
+    plain, masked = teachers["defaults"], teachers["mask-history"]
+    assert plain.mask_history is False and plain.history_bias is True
+    assert masked.mask_history is True and masked.history_bias is False
 
 
 def test_one_call_trains_both_teachers_then_the_student_and_resumes(tmp_path: Path) -> None:

@@ -3,9 +3,13 @@ from the run's own options, then the run's model distilled from both.
 
 The teachers are the pair measured on amazon14-beauty (docs/results.md):
 
-- ``defaults``: the run's options without distillation;
+- ``defaults``: the run's options without distillation, with the history bias and unmasked;
 - ``mask-history``: the same with ``--mask-history --no-history-bias --item-loss-weight 0.5``,
   over two thirds of the run's epochs.
+
+The teachers' handling of the user's earlier items is the recipe's own, whatever the student's:
+a student trained with ``--mask-history`` (for serving that never recommends an item the user
+has) learns from the same pair, their distributions renormalised over the items it may rank.
 
 Layout: each teacher is a complete run of its own under ``OUT/teachers/NAME`` (``last/``,
 ``best/``, ``model/``); the student is the run in ``OUT`` itself, so ``genrec eval --model OUT``
@@ -56,7 +60,8 @@ def teacher_configs(config: GenerativeTrainConfig,
     train = training_sequences(dataset.sequences)
     epochs = pick_recipe(train, {k: getattr(config, k) for k in RECIPE_KEYS}, False)["epochs"]
     base = replace(config, distill=False, teacher=None, sid_distill_weight=0.0,
-                   distill_temperature=DISTILL_TEMPERATURE)
+                   distill_temperature=DISTILL_TEMPERATURE, mask_history=False,
+                   history_bias=True)
     folder = config.out / TEACHERS
     return {
         "defaults": replace(base, out=folder / "defaults"),
