@@ -1,5 +1,5 @@
-"""``genrec eval`` of an ensemble of generative models and of item weights from one search
-(single models: see test_commands_train_generative.py)."""
+"""``genrec eval`` of an ensemble of generative models, of item weights from one search and of
+a model against another (single models: see test_commands_train_generative.py)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,19 @@ EVAL = ["--beam-width", "10", "--no-progress", "--device", "cpu"]
 KEYS = ("recall@5", "ndcg@5", "recall@10", "ndcg@10")
 
 
-def test_ensemble_eval(tmp_path: Path) -> None:
+def two_runs(tmp_path: Path) -> tuple[Path, list[Path]]:
+    """A toy dataset and two tiny models trained on it with seeds 0 and 1."""
     data = write_dataset(tmp_path / "toy")
     invoke("index", "--data", data, "--out", tmp_path / "index.json")
     runs = [tmp_path / f"run{seed}" for seed in range(2)]
     for seed, run in enumerate(runs):
         invoke("train", "generative", "--data", data, "--index", tmp_path / "index.json",
                "--out", run, "--seed", str(seed), *TINY)
+    return data, runs
+
+
+def test_ensemble_eval(tmp_path: Path) -> None:
+    data, runs = two_runs(tmp_path)
     invoke("eval", "--model", runs[0], "--data", data, "--json", tmp_path / "one.json", *EVAL)
     # a model ensembled with itself ranks as the model alone
     invoke("eval", "--model", runs[0], "--ensemble", runs[0], "--data", data, "--json",
@@ -73,3 +79,27 @@ def test_item_weights_from_one_search(tmp_path: Path) -> None:
         result = runner.invoke(app, ["eval", "--model", str(run), "--data", str(data),
                                      "--item-weights", bad, *EVAL])
         assert result.exit_code != 0 and "--item-weights" in result.output
+
+
+def test_against_prints_and_saves_the_paired_difference(tmp_path: Path) -> None:
+    data, runs = two_runs(tmp_path)
+    singles = []
+    for i, run in enumerate(runs):
+        invoke("eval", "--model", run, "--data", data, "--split", "val", "--json",
+               tmp_path / f"one{i}.json", *EVAL)
+        singles.append(json.loads((tmp_path / f"one{i}.json").read_text()))
+    out = invoke("eval", "--model", runs[0], "--against", runs[1], "--data", data, "--split",
+                 "val", "--json", tmp_path / "pair.json", *EVAL)
+    assert "against" in out and "difference" in out and "its SE" in out
+    pair = json.loads((tmp_path / "pair.json").read_text())
+    assert pair["against_model"] == str(runs[1])
+    for k in KEYS:
+        assert pair[k] == singles[0][k] and pair["against"][k] == singles[1][k]
+        assert abs(pair["paired"][k]["difference"] - (singles[0][k] - singles[1][k])) < 1e-9
+        assert pair["paired"][k]["se"] >= 0
+    result = runner.invoke(app, ["eval", "--model", str(runs[0]), "--against",
+                                 str(tmp_path / "missing"), "--data", str(data), *EVAL])
+    assert result.exit_code == 1 and "missing" in result.output
+    result = runner.invoke(app, ["eval", "--model", str(runs[0]), "--against", str(runs[1]),
+                                 "--item-weights", "1,3", "--data", str(data), *EVAL])
+    assert result.exit_code != 0 and "--against" in result.output

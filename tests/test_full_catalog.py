@@ -14,6 +14,7 @@ from genrec.evaluation.full_catalog import (
     evaluate_item_weights,
     evaluate_popularity,
     evaluate_split,
+    example_ranks,
     full_histories,
     item_counts,
     popularity_split,
@@ -109,6 +110,28 @@ def test_evaluate_split_reports_time_and_checks_inputs() -> None:
         evaluate_generative(engine, [])
     with pytest.raises(ValueError, match="n \\(10\\) must not exceed beam_width"):
         evaluate_generative(engine, split_examples(sequences(), "test", 5), beam_width=5)
+
+
+def test_against_a_second_model_is_paired_over_the_same_users() -> None:
+    engine, other = make_engine(), make_engine(seed=1)
+    seqs = sequences(30)
+    alone = evaluate_split(engine, seqs, "val", users=20, beam_width=10, mask_history=True)
+    both = evaluate_split(engine, seqs, "val", users=20, beam_width=10, mask_history=True,
+                          against=other)
+    theirs = evaluate_split(other, seqs, "val", users=20, beam_width=10, mask_history=True)
+    for key in ("recall@5", "ndcg@5", "recall@10", "ndcg@10"):
+        assert both[key] == pytest.approx(alone[key])
+        assert both["against"][key] == pytest.approx(theirs[key])
+        assert both["paired"][key]["difference"] == pytest.approx(alone[key] - theirs[key])
+    examples = split_examples(seqs, "val", 5, 20)
+    exclude = full_histories(seqs, examples, "val")
+    ranks = example_ranks(engine, examples, beam_width=10, exclude=exclude)
+    assert ranks.shape == (20,) and ranking_metrics(ranks)["ndcg@10"] == pytest.approx(
+        alone["ndcg@10"])
+    itself = evaluate_split(engine, seqs, "val", users=20, beam_width=10, against=engine)
+    assert all(v["difference"] == 0.0 and v["se"] == 0.0 for v in itself["paired"].values())
+    with pytest.raises(ValueError, match="against"):
+        evaluate_split(engine, seqs, "val", against=other, item_weights=[1.0])
 
 
 def test_excluded_items_are_never_recommended() -> None:

@@ -7,7 +7,14 @@ import math
 import pytest
 import torch
 
-from genrec.evaluation.topk_metrics import ndcg_at_k, ranking_metrics, recall_at_k, target_ranks
+from genrec.evaluation.topk_metrics import (
+    ndcg_at_k,
+    paired_difference,
+    ranking_metrics,
+    recall_at_k,
+    target_ranks,
+    user_scores,
+)
 
 
 def test_target_ranks_finds_first_position_or_miss() -> None:
@@ -41,3 +48,30 @@ def test_bad_arguments_are_named() -> None:
         recall_at_k(torch.tensor([0]), 0)
     with pytest.raises(ValueError, match="recommended must be"):
         target_ranks(torch.tensor([1, 2]), torch.tensor([1]))
+
+
+def test_user_scores_average_to_the_metrics() -> None:
+    ranks = torch.tensor([0, 3, -1, 12, 1, 9])
+    assert user_scores(ranks, "recall@10").tolist() == [1, 1, 0, 0, 1, 1]
+    assert user_scores(ranks, "ndcg@5")[1].item() == pytest.approx(1 / math.log2(5))
+    for metric, value in ranking_metrics(ranks).items():
+        assert float(user_scores(ranks, metric).mean()) == pytest.approx(value)
+    for bad in ("mrr@10", "ndcg@", "ndcg@0", "recall"):
+        with pytest.raises(ValueError, match="k|metric"):
+            user_scores(ranks, bad)
+
+
+def test_paired_difference_by_hand() -> None:
+    ranks, baseline = torch.tensor([0, 3, -1, 12]), torch.tensor([1, 3, 2, -1])
+    out = paired_difference(ranks, baseline, ks=(5,))
+    assert list(out) == ["recall@5", "ndcg@5"]
+    d = [1 - 1 / math.log2(3), 0.0, -1 / math.log2(4), 0.0]  # per-user NDCG@5 differences
+    mean = sum(d) / 4
+    se = math.sqrt(sum((x - mean) ** 2 for x in d) / 3 / 4)
+    assert out["ndcg@5"]["difference"] == pytest.approx(mean)
+    assert out["ndcg@5"]["se"] == pytest.approx(se)
+    assert out["recall@5"]["difference"] == pytest.approx(-0.25)
+    same = paired_difference(ranks, ranks)
+    assert all(v == {"difference": 0.0, "se": 0.0} for v in same.values())
+    with pytest.raises(ValueError, match="baseline"):
+        paired_difference(ranks, baseline[:3])

@@ -70,6 +70,10 @@ def eval_command(
         help="Generative models: another model over the same index, ranking with --model by "
              "the mean log-probability of each item (genrec.engine.ensemble); repeat the "
              "option for more.")] = None,
+    against: Annotated[Path | None, typer.Option(
+        help="Generative models: a second model evaluated on the same users (with its own "
+             "item weight), and the mean per-user difference of --model's metrics minus its, "
+             "with the standard error of that difference.")] = None,
 ) -> None:
     """Evaluate on the test split. A generative model: Recall/NDCG@5/10 by full-catalog
     constrained beam search. A DuoLM student or teacher: NDCG/Recall@10 and MRR of the held-out
@@ -81,13 +85,14 @@ def eval_command(
     if split not in ("test", "val"):
         raise typer.BadParameter(f"--split must be 'test' or 'val', got {split!r}")
     weights = parse_weights(item_weights) if item_weights is not None else None
-    if weights is not None and (item_weight is not None or ensemble):
-        raise typer.BadParameter("--item-weights: not with --item-weight or --ensemble")
+    if weights is not None and (item_weight is not None or ensemble or against):
+        raise typer.BadParameter("--item-weights: not with --item-weight, --ensemble or "
+                                 "--against")
     folder = model_folder(model)
     if (folder / "duolm.json").is_file():
-        if ensemble:
-            raise typer.BadParameter("--ensemble: generative models only (--model is a DuoLM "
-                                     "ranker)")
+        if ensemble or against:
+            raise typer.BadParameter("--ensemble, --against: generative models only (--model "
+                                     "is a DuoLM ranker)")
         from genrec.commands.eval_ranker import eval_rankers
 
         return eval_rankers(model, teacher, store, data, interactions, items, table, split, users,
@@ -104,9 +109,11 @@ def eval_command(
                 engine = Ensemble([e for e, _ in members])
             except ValueError as err:
                 raise ValueError(f"--ensemble: {err}") from None
+        other, other_vectors = load_generative(against, ds, split, dev, "--against") \
+            if against is not None else (None, None)
         metrics = evaluate_split(engine, ds.sequences, split, vectors, beam_width, users, seed,
                                  batch_size, progress, mask_history, item_weight,
-                                 head_proposals, weights)
+                                 head_proposals, weights, other, other_vectors)
         pop = popularity_split(ds.sequences, ds.num_items, split, engine.vocab.max_history,
                                users, seed, mask_history)  # the same users and masking
     except INPUT_ERRORS as err:
@@ -128,8 +135,16 @@ def eval_command(
     typer.echo(f"{ds.name} {split}: {metrics['n_users']} users, beam {beam_width}, history "
                f"{'masked' if mask_history else 'not masked'}, {metrics['wall_seconds']:.1f} s")
     typer.echo(f"{'':<10}" + "  ".join(f"{k:>9}" for k in keys))
+    if against is not None:
+        rows.append(("against", metrics["against"]))
+        metrics["against_model"] = str(against)
     for name, row in rows:
         typer.echo(f"{name:<10}" + "  ".join(f"{row[k]:>9.4f}" for k in keys))
+    if against is not None:  # paired over the same users: model minus against
+        paired = metrics["paired"]
+        typer.echo(f"{'difference':<10}" + "  ".join(
+            f"{paired[k]['difference']:>+9.4f}" for k in keys))
+        typer.echo(f"{'  its SE':<10}" + "  ".join(f"{paired[k]['se']:>9.4f}" for k in keys))
     typer.echo(f"{'popularity':<10}" + "  ".join(f"{pop[k]:>9.4f}" for k in keys))
     for name, row in rows:
         typer.echo(f"{name + '/pop':<10}" + "  ".join(

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from genrec.data.split import Example, leave_one_out, training_sequences
 from genrec.engine import BeamParams, Engine, RowRequest
-from genrec.evaluation.topk_metrics import ranking_metrics, target_ranks
+from genrec.evaluation.topk_metrics import paired_difference, ranking_metrics, target_ranks
 
 if TYPE_CHECKING:
     from genrec.engine.ensemble import Ensemble
@@ -44,14 +44,32 @@ def evaluate_generative(
     :class:`BeamParams` (models with an item head).
     Returns ``{"recall@5", "ndcg@5", "recall@10", "ndcg@10", "n_users", "beam_width"}``.
     """
-    params = BeamParams(beam_width=beam_width, n=max(ks), item_weight=item_weight,
+    ranks = example_ranks(engine, examples, user_vectors, beam_width, max(ks), batch_size,
+                          progress, exclude, item_weight, head_proposals)
+    metrics: dict[str, float] = ranking_metrics(ranks, ks)
+    metrics["n_users"] = len(examples)
+    metrics["beam_width"] = beam_width
+    return metrics
+
+
+def example_ranks(
+    engine: Engine | Ensemble, examples: Sequence[Example],
+    user_vectors: torch.Tensor | None = None, beam_width: int = DEFAULT_BEAM_WIDTH,
+    n: int = 10, batch_size: int = 128, progress: bool = False,
+    exclude: Sequence[Sequence[int]] | None = None, item_weight: float | None = None,
+    head_proposals: int | None = None,
+) -> torch.Tensor:
+    """The rank of each example's target among the engine's top ``n`` (0 = first; -1 when not
+    recommended): [len(examples)] int64, what :func:`evaluate_generative`'s metrics are the means
+    of (arguments as there)."""
+    params = BeamParams(beam_width=beam_width, n=n, item_weight=item_weight,
                         head_proposals=head_proposals)
     top = torch.full((len(examples), params.n), -1, dtype=torch.int64)
     for start, requests in _batches(examples, user_vectors, exclude, batch_size, params,
                                     progress):
         for row, rec in enumerate(engine.recommend_rows(requests, params), start=start):
             top[row, : len(rec.items)] = torch.tensor(rec.items, dtype=torch.int64)
-    return _metrics(top, examples, ks, beam_width)
+    return target_ranks(top, torch.tensor([ex.target for ex in examples], dtype=torch.int64))
 
 
 def evaluate_item_weights(
@@ -142,18 +160,35 @@ def evaluate_split(
     users: int | None = None, seed: int = 0, batch_size: int = 128, progress: bool = False,
     mask_history: bool = False, item_weight: float | None = None,
     head_proposals: int | None = None, item_weights: Sequence[float] | None = None,
+    against: Engine | Ensemble | None = None, against_vectors: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """:func:`evaluate_generative` on a leave-one-out split of ``sequences`` (full per-user
     sequences), with the wall time in ``"seconds"``; ``mask_history``: never recommend an item
     the user already has (:func:`full_histories`, passed to the search as ``exclude``).
     ``item_weights`` (an engine whose model has an item head): the metrics at each weight
-    instead, from one search (:func:`evaluate_item_weights`), under ``"by_item_weight"``."""
+    instead, from one search (:func:`evaluate_item_weights`), under ``"by_item_weight"``.
+    ``against``: a second model (its own soft-token ``against_vectors``, its own item weight)
+    on the same users, under ``"against"``: its metrics, and under ``"paired"`` the mean
+    per-user difference of ``engine``'s minus its, with its standard error
+    (:func:`paired_difference`)."""
     if engine.vocab is None:
         raise ValueError("engine: not a generative model (no Semantic-ID vocabulary)")
+    if against is not None and (item_weights or against.vocab is None):
+        raise ValueError("against: a generative model, and not with item_weights")
     examples = split_examples(sequences, split, engine.vocab.max_history, users, seed)
     exclude = full_histories(sequences, examples, split) if mask_history else None
     start = time.perf_counter()
-    if item_weights:
+    if against is not None:
+        ranks = example_ranks(engine, examples, user_vectors, beam_width, 10, batch_size,
+                              progress, exclude, item_weight, head_proposals)
+        # the same users and targets, each history as long as the other model reads
+        theirs = split_examples(sequences, split, against.vocab.max_history, users, seed)
+        baseline = example_ranks(against, theirs, against_vectors, beam_width, 10, batch_size,
+                                 progress, exclude, None, head_proposals)
+        metrics = {**ranking_metrics(ranks), "n_users": len(examples), "beam_width": beam_width,
+                   "against": ranking_metrics(baseline),
+                   "paired": paired_difference(ranks, baseline)}
+    elif item_weights:
         by_weight = evaluate_item_weights(engine, examples, item_weights, user_vectors,
                                           beam_width, batch_size=batch_size, progress=progress,
                                           exclude=exclude, head_proposals=head_proposals)

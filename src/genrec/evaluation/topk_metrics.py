@@ -41,9 +41,40 @@ def ndcg_at_k(ranks: torch.Tensor, k: int) -> float:
     _check_k(k)
     if ranks.numel() == 0:
         return 0.0
-    r = ranks.double()
-    gain = torch.where((ranks >= 0) & (ranks < k), 1.0 / torch.log2(r.clamp(min=0) + 2.0), 0.0)
-    return float(gain.mean())
+    return float(user_scores(ranks, f"ndcg@{k}").mean())
+
+
+def user_scores(ranks: torch.Tensor, metric: str) -> torch.Tensor:
+    """Each user's ``metric`` (``"recall@k"`` or ``"ndcg@k"``) from its target's rank:
+    ranks [U] -> [U] float64, whose mean is the metric."""
+    name, _, k_text = metric.partition("@")
+    if name not in ("recall", "ndcg") or not k_text.isdigit():
+        raise ValueError(f"metric must be 'recall@k' or 'ndcg@k', got {metric!r}")
+    k = int(k_text)
+    _check_k(k)
+    inside = (ranks >= 0) & (ranks < k)
+    if name == "recall":
+        return inside.double()
+    return torch.where(inside, 1.0 / torch.log2(ranks.double().clamp(min=0) + 2.0), 0.0)
+
+
+def paired_difference(ranks: torch.Tensor, baseline: torch.Tensor,
+                      ks: Sequence[int] = (5, 10)) -> dict[str, dict[str, float]]:
+    """Per metric of :func:`ranking_metrics`, the mean of each user's difference between two
+    rankings of the same users (``ranks`` minus ``baseline``, both [U]) and its standard error
+    (the sample standard deviation of the differences / sqrt(U)): ``{metric: {"difference":
+    ..., "se": ...}}``. Two models' results on the same users move together, so this standard
+    error is well below either metric's own."""
+    if ranks.shape != baseline.shape or ranks.dim() != 1:
+        raise ValueError(f"ranks and baseline must be [U] of one size, got "
+                         f"{tuple(ranks.shape)} and {tuple(baseline.shape)}")
+    out: dict[str, dict[str, float]] = {}
+    n = ranks.numel()
+    for metric in (f"{name}@{k}" for k in ks for name in ("recall", "ndcg")):
+        d = user_scores(ranks, metric) - user_scores(baseline, metric)
+        se = float(d.std() / n**0.5) if n > 1 else float("nan")
+        out[metric] = {"difference": float(d.mean()) if n else 0.0, "se": se}
+    return out
 
 
 def ranking_metrics(ranks: torch.Tensor, ks: Sequence[int] = (5, 10)) -> dict[str, float]:
