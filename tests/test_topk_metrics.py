@@ -13,7 +13,8 @@ from genrec.evaluation.topk_metrics import (
     ranking_metrics,
     recall_at_k,
     target_ranks,
-    user_scores,
+    user_ndcg,
+    user_recall,
 )
 
 
@@ -50,15 +51,16 @@ def test_bad_arguments_are_named() -> None:
         target_ranks(torch.tensor([1, 2]), torch.tensor([1]))
 
 
-def test_user_scores_average_to_the_metrics() -> None:
+def test_per_user_scores_average_to_the_metrics() -> None:
     ranks = torch.tensor([0, 3, -1, 12, 1, 9])
-    assert user_scores(ranks, "recall@10").tolist() == [1, 1, 0, 0, 1, 1]
-    assert user_scores(ranks, "ndcg@5")[1].item() == pytest.approx(1 / math.log2(5))
-    for metric, value in ranking_metrics(ranks).items():
-        assert float(user_scores(ranks, metric).mean()) == pytest.approx(value)
-    for bad in ("mrr@10", "ndcg@", "ndcg@0", "recall"):
-        with pytest.raises(ValueError, match="k|metric"):
-            user_scores(ranks, bad)
+    assert user_recall(ranks, 10).tolist() == [1, 1, 0, 0, 1, 1]
+    assert user_ndcg(ranks, 5)[1].item() == pytest.approx(1 / math.log2(5))
+    assert user_ndcg(ranks, 5)[5].item() == 0.0
+    for k in (5, 10):
+        assert float(user_recall(ranks, k).mean()) == pytest.approx(recall_at_k(ranks, k))
+        assert float(user_ndcg(ranks, k).mean()) == pytest.approx(ndcg_at_k(ranks, k))
+    with pytest.raises(ValueError, match="k must be"):
+        user_ndcg(ranks, 0)
 
 
 def test_paired_difference_by_hand() -> None:

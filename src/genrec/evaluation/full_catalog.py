@@ -46,10 +46,7 @@ def evaluate_generative(
     """
     ranks = example_ranks(engine, examples, user_vectors, beam_width, max(ks), batch_size,
                           progress, exclude, item_weight, head_proposals)
-    metrics: dict[str, float] = ranking_metrics(ranks, ks)
-    metrics["n_users"] = len(examples)
-    metrics["beam_width"] = beam_width
-    return metrics
+    return _metrics(ranks, ks, beam_width)
 
 
 def example_ranks(
@@ -69,7 +66,7 @@ def example_ranks(
                                     progress):
         for row, rec in enumerate(engine.recommend_rows(requests, params), start=start):
             top[row, : len(rec.items)] = torch.tensor(rec.items, dtype=torch.int64)
-    return target_ranks(top, torch.tensor([ex.target for ex in examples], dtype=torch.int64))
+    return _ranks(top, examples)
 
 
 def evaluate_item_weights(
@@ -94,7 +91,7 @@ def evaluate_item_weights(
             for w, top in tops.items():
                 items = pool.rank(w, params.n).items
                 top[row, : len(items)] = torch.tensor(items, dtype=torch.int64)
-    return {w: _metrics(top, examples, ks, beam_width) for w, top in tops.items()}
+    return {w: _metrics(_ranks(top, examples), ks, beam_width) for w, top in tops.items()}
 
 
 def _batches(examples: Sequence[Example], user_vectors: torch.Tensor | None,
@@ -121,11 +118,14 @@ def _batches(examples: Sequence[Example], user_vectors: torch.Tensor | None,
         ]
 
 
-def _metrics(top: torch.Tensor, examples: Sequence[Example], ks: Sequence[int],
-             beam_width: int) -> dict[str, float]:
-    targets = torch.tensor([ex.target for ex in examples], dtype=torch.int64)
-    metrics = ranking_metrics(target_ranks(top, targets), ks)
-    metrics["n_users"] = len(examples)
+def _ranks(top: torch.Tensor, examples: Sequence[Example]) -> torch.Tensor:
+    # top [U, n] best first (-1 padded) -> each example's target rank [U] (-1: not in top)
+    return target_ranks(top, torch.tensor([ex.target for ex in examples], dtype=torch.int64))
+
+
+def _metrics(ranks: torch.Tensor, ks: Sequence[int], beam_width: int) -> dict[str, Any]:
+    metrics: dict[str, Any] = ranking_metrics(ranks, ks)
+    metrics["n_users"] = ranks.numel()
     metrics["beam_width"] = beam_width
     return metrics
 
@@ -179,21 +179,22 @@ def evaluate_split(
     exclude = full_histories(sequences, examples, split) if mask_history else None
     start = time.perf_counter()
     if against is not None:
-        ranks = example_ranks(engine, examples, user_vectors, beam_width, 10, batch_size,
+        ks = (5, 10)
+        ranks = example_ranks(engine, examples, user_vectors, beam_width, max(ks), batch_size,
                               progress, exclude, item_weight, head_proposals)
         # the same users and targets, each history as long as the other model reads
         theirs = split_examples(sequences, split, against.vocab.max_history, users, seed)
-        baseline = example_ranks(against, theirs, against_vectors, beam_width, 10, batch_size,
-                                 progress, exclude, None, head_proposals)
-        metrics = {**ranking_metrics(ranks), "n_users": len(examples), "beam_width": beam_width,
-                   "against": ranking_metrics(baseline),
-                   "paired": paired_difference(ranks, baseline)}
+        baseline = example_ranks(against, theirs, against_vectors, beam_width, max(ks),
+                                 batch_size, progress, exclude, None, head_proposals)
+        metrics: dict[str, Any] = {**_metrics(ranks, ks, beam_width),
+                                   "against": ranking_metrics(baseline, ks),
+                                   "paired": paired_difference(ranks, baseline, ks)}
     elif item_weights:
         by_weight = evaluate_item_weights(engine, examples, item_weights, user_vectors,
                                           beam_width, batch_size=batch_size, progress=progress,
                                           exclude=exclude, head_proposals=head_proposals)
-        metrics: dict[str, Any] = {"by_item_weight": by_weight, "n_users": len(examples),
-                                   "beam_width": beam_width}
+        metrics = {"by_item_weight": by_weight, "n_users": len(examples),
+                   "beam_width": beam_width}
     else:
         metrics = evaluate_generative(engine, examples, user_vectors, beam_width,
                                       batch_size=batch_size, progress=progress,
@@ -248,8 +249,7 @@ def evaluate_popularity(
     if not examples:
         raise ValueError("examples: nothing to evaluate")
     top = popularity_top(item_counts(sequences, num_items), max(ks), len(examples), exclude)
-    targets = torch.tensor([ex.target for ex in examples], dtype=torch.int64)
-    metrics = ranking_metrics(target_ranks(top, targets), ks)
+    metrics = ranking_metrics(_ranks(top, examples), ks)
     metrics["n_users"] = len(examples)
     return metrics
 

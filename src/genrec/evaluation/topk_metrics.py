@@ -28,34 +28,29 @@ def target_ranks(recommended: torch.Tensor, targets: torch.Tensor) -> torch.Tens
     return torch.where(found, first, torch.full_like(first, MISS))
 
 
+def user_recall(ranks: torch.Tensor, k: int) -> torch.Tensor:
+    """Each user's Recall@k (1 when its target ranks within the top ``k``): [U] -> [U] float64."""
+    _check_k(k)
+    return ((ranks >= 0) & (ranks < k)).double()
+
+
+def user_ndcg(ranks: torch.Tensor, k: int) -> torch.Tensor:
+    """Each user's NDCG@k, ``1 / log2(rank + 2)`` inside the top ``k``: [U] -> [U] float64."""
+    _check_k(k)
+    inside = (ranks >= 0) & (ranks < k)
+    return torch.where(inside, 1.0 / torch.log2(ranks.double().clamp(min=0) + 2.0), 0.0)
+
+
 def recall_at_k(ranks: torch.Tensor, k: int) -> float:
     """Share of users whose target ranks within the top ``k``."""
-    _check_k(k)
-    if ranks.numel() == 0:
-        return 0.0
-    return float(((ranks >= 0) & (ranks < k)).double().mean())
+    scores = user_recall(ranks, k)
+    return float(scores.mean()) if scores.numel() else 0.0
 
 
 def ndcg_at_k(ranks: torch.Tensor, k: int) -> float:
     """Mean NDCG@k with one relevant item per user: ``1 / log2(rank + 2)`` inside the top k."""
-    _check_k(k)
-    if ranks.numel() == 0:
-        return 0.0
-    return float(user_scores(ranks, f"ndcg@{k}").mean())
-
-
-def user_scores(ranks: torch.Tensor, metric: str) -> torch.Tensor:
-    """Each user's ``metric`` (``"recall@k"`` or ``"ndcg@k"``) from its target's rank:
-    ranks [U] -> [U] float64, whose mean is the metric."""
-    name, _, k_text = metric.partition("@")
-    if name not in ("recall", "ndcg") or not k_text.isdigit():
-        raise ValueError(f"metric must be 'recall@k' or 'ndcg@k', got {metric!r}")
-    k = int(k_text)
-    _check_k(k)
-    inside = (ranks >= 0) & (ranks < k)
-    if name == "recall":
-        return inside.double()
-    return torch.where(inside, 1.0 / torch.log2(ranks.double().clamp(min=0) + 2.0), 0.0)
+    scores = user_ndcg(ranks, k)
+    return float(scores.mean()) if scores.numel() else 0.0
 
 
 def paired_difference(ranks: torch.Tensor, baseline: torch.Tensor,
@@ -70,10 +65,11 @@ def paired_difference(ranks: torch.Tensor, baseline: torch.Tensor,
                          f"{tuple(ranks.shape)} and {tuple(baseline.shape)}")
     out: dict[str, dict[str, float]] = {}
     n = ranks.numel()
-    for metric in (f"{name}@{k}" for k in ks for name in ("recall", "ndcg")):
-        d = user_scores(ranks, metric) - user_scores(baseline, metric)
-        se = float(d.std() / n**0.5) if n > 1 else float("nan")
-        out[metric] = {"difference": float(d.mean()) if n else 0.0, "se": se}
+    for k in ks:
+        for name, per_user in (("recall", user_recall), ("ndcg", user_ndcg)):
+            d = per_user(ranks, k) - per_user(baseline, k)
+            se = float(d.std() / n**0.5) if n > 1 else float("nan")
+            out[f"{name}@{k}"] = {"difference": float(d.mean()) if n else 0.0, "se": se}
     return out
 
 
