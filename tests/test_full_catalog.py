@@ -132,6 +132,8 @@ def test_against_a_second_model_is_paired_over_the_same_users() -> None:
     assert all(v["difference"] == 0.0 and v["se"] == 0.0 for v in itself["paired"].values())
     with pytest.raises(ValueError, match="against"):
         evaluate_split(engine, seqs, "val", against=other, item_weights=[1.0])
+    with pytest.raises(ValueError, match="at least 2 users"):
+        evaluate_split(engine, seqs, "val", users=1, against=other)
 
 
 def test_excluded_items_are_never_recommended() -> None:

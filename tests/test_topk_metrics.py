@@ -77,3 +77,5 @@ def test_paired_difference_by_hand() -> None:
     assert all(v == {"difference": 0.0, "se": 0.0} for v in same.values())
     with pytest.raises(ValueError, match="baseline"):
         paired_difference(ranks, baseline[:3])
+    with pytest.raises(ValueError, match="at least 2 users"):
+        paired_difference(ranks[:1], baseline[:1])

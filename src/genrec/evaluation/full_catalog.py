@@ -176,6 +176,9 @@ def evaluate_split(
     if against is not None and (item_weights or against.vocab is None):
         raise ValueError("against: a generative model, and not with item_weights")
     examples = split_examples(sequences, split, engine.vocab.max_history, users, seed)
+    if against is not None and len(examples) < 2:
+        raise ValueError(f"against: a paired difference needs at least 2 users, got "
+                         f"{len(examples)}")
     exclude = full_histories(sequences, examples, split) if mask_history else None
     start = time.perf_counter()
     if against is not None:

@@ -63,13 +63,14 @@ def paired_difference(ranks: torch.Tensor, baseline: torch.Tensor,
     if ranks.shape != baseline.shape or ranks.dim() != 1:
         raise ValueError(f"ranks and baseline must be [U] of one size, got "
                          f"{tuple(ranks.shape)} and {tuple(baseline.shape)}")
-    out: dict[str, dict[str, float]] = {}
     n = ranks.numel()
+    if n < 2:
+        raise ValueError(f"a paired difference needs at least 2 users, got {n}")
+    out: dict[str, dict[str, float]] = {}
     for k in ks:
         for name, per_user in (("recall", user_recall), ("ndcg", user_ndcg)):
             d = per_user(ranks, k) - per_user(baseline, k)
-            se = float(d.std() / n**0.5) if n > 1 else float("nan")
-            out[f"{name}@{k}"] = {"difference": float(d.mean()) if n else 0.0, "se": se}
+            out[f"{name}@{k}"] = {"difference": float(d.mean()), "se": float(d.std() / n**0.5)}
     return out
 
 
