@@ -109,8 +109,7 @@ def genrec_side(models: list[Path], ds: Any, args: argparse.Namespace) -> tuple[
     engine, vectors = members[0]
     if len(members) > 1:
         engine = Ensemble([e for e, _ in members])
-    examples = split_examples(ds.sequences, "test", engine.vocab.max_history, args.users,
-                              args.seed)
+    examples = split_examples(ds.sequences, "test", None, args.users, args.seed)
     histories = full_histories(ds.sequences, examples, "test")
     out = {}
     for name, exclude in (("unmasked", None), ("masked", histories)):

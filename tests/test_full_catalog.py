@@ -32,13 +32,15 @@ N_ITEMS = 60
 KEYS = {"recall@5", "ndcg@5", "recall@10", "ndcg@10", "n_users", "beam_width"}
 
 
-def make_engine(user_dim: int = 0, seed: int = 0, item_head: bool = False) -> Engine:
+def make_engine(user_dim: int = 0, seed: int = 0, item_head: bool = False,
+                history_bias: bool = False) -> Engine:
     g = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, 8, (N_ITEMS, 3), generator=g)
     vocab = SidVocab(with_dedup_level(codes, [8, 8, 8]), max_history=5)
     torch.manual_seed(seed)
     model = build_model(scratch_config(vocab, hidden=32, layers=2, heads=2, kv_heads=1,
-                                       head_dim=16, user_dim=user_dim, item_head=item_head))
+                                       head_dim=16, user_dim=user_dim, item_head=item_head,
+                                       history_bias=history_bias))
     init_weights(model, std=0.2)  # large weights: peaked, varied predictions
     return Engine(model, config=EngineConfig(soft_token_id=SOFT_ID), vocab=vocab)
 
@@ -55,8 +57,33 @@ def test_split_examples_use_the_right_history() -> None:
     val = split_examples(seqs, "val", max_history=3)
     assert [(e.user, e.history, e.target) for e in test] == [(0, [2, 3, 4], 5), (1, [7, 8], 9)]
     assert [(e.user, e.history, e.target) for e in val] == [(0, [1, 2, 3], 4), (1, [7], 8)]
+    full = split_examples(seqs, "test")  # every earlier item, as a client sends them
+    assert [(e.user, e.history, e.target) for e in full] == [(0, [1, 2, 3, 4], 5), (1, [7, 8], 9)]
     with pytest.raises(ValueError, match="split"):
         split_examples(seqs, "train", 3)  # type: ignore[arg-type]
+
+
+def test_the_history_bias_reads_every_earlier_item_as_in_serving() -> None:
+    engine = make_engine(item_head=True, history_bias=True, seed=2)  # prompts: last 5 items
+    with torch.no_grad():
+        engine.model.item_head.history_bias.fill_(20.0)  # a user's own items rank first
+    g = torch.Generator().manual_seed(4)
+    # each user's test target is their first item again: boosted only where the bias sees it
+    firsts = [torch.randperm(N_ITEMS, generator=g)[:9].tolist() for _ in range(6)]
+    seqs = [p + p[:1] for p in firsts]
+    params = BeamParams(12, 10, item_weight=3.0)
+    split = evaluate_split(engine, seqs, "test", beam_width=12, item_weight=3.0)
+    served = engine.recommend_rows([RowRequest(s[:-1]) for s in seqs], params)
+    cut = engine.recommend_rows([RowRequest(s[-6:-1]) for s in seqs], params)
+    assert all(set(s[:-1]) <= set(r.items) for r, s in zip(served, seqs, strict=True))
+    assert sum(len(set(r.items) & set(s[:-6])) for r, s in zip(served, seqs, strict=True)) > \
+        sum(len(set(r.items) & set(s[:-6])) for r, s in zip(cut, seqs, strict=True))
+    top = torch.tensor([r.items + [-1] * (10 - len(r.items)) for r in served])
+    manual = ranking_metrics(target_ranks(top, torch.tensor([s[-1] for s in seqs])))
+    assert all(split[k] == pytest.approx(v) for k, v in manual.items())
+    top_cut = torch.tensor([r.items + [-1] * (10 - len(r.items)) for r in cut])
+    truncated = ranking_metrics(target_ranks(top_cut, torch.tensor([s[-1] for s in seqs])))
+    assert split["recall@10"] == 1.0 > truncated["recall@10"]
 
 
 def test_sample_is_fixed_and_in_user_order() -> None:

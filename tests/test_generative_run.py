@@ -46,7 +46,7 @@ def test_mask_history_trains_the_head_and_validates_masked(tmp_path: Path) -> No
     assert args["mask_history"] is True
     # the recorded validation is the masked one: re-evaluate the saved model both ways
     ds = load_json_dataset(config.data)
-    val = split_examples(ds.sequences, "val", config.max_history, config.val_users, config.seed)
+    val = split_examples(ds.sequences, "val", None, config.val_users, config.seed)
     engine = Engine.from_pretrained(tmp_path / "run" / "best", device="cpu")
     masked = evaluate_generative(engine, val, beam_width=config.beam_width,
                                  exclude=full_histories(ds.sequences, val, "val"))

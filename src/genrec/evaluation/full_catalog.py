@@ -142,13 +142,18 @@ def sample_examples(examples: Sequence[Example], n: int | None, seed: int = 0) -
 
 
 def split_examples(
-    sequences: Sequence[Sequence[int]], split: Literal["val", "test"], max_history: int,
-    users: int | None = None, seed: int = 0,
+    sequences: Sequence[Sequence[int]], split: Literal["val", "test"],
+    max_history: int | None = None, users: int | None = None, seed: int = 0,
 ) -> list[Example]:
     """Leave-one-out examples of ``split``: validation = training items -> second-to-last item;
-    test = every item before the last (training items + validation item) -> last item."""
+    test = every item before the last (training items + validation item) -> last item. Each
+    history holds every earlier item (``max_history`` None: what a client sends and the history
+    bias reads; the prompt keeps a model's last ``max_history`` itself) or only the last
+    ``max_history``."""
     if split not in ("val", "test"):
         raise ValueError(f"split must be 'val' or 'test', got {split!r}")
+    if max_history is None:
+        max_history = max((len(s) for s in sequences), default=1) or 1
     loo = leave_one_out(sequences, max_history=max_history)
     return sample_examples(loo.val if split == "val" else loo.test, users, seed)
 
@@ -175,7 +180,7 @@ def evaluate_split(
         raise ValueError("engine: not a generative model (no Semantic-ID vocabulary)")
     if against is not None and (item_weights or against.vocab is None):
         raise ValueError("against: a generative model, and not with item_weights")
-    examples = split_examples(sequences, split, engine.vocab.max_history, users, seed)
+    examples = split_examples(sequences, split, None, users, seed)
     if against is not None and len(examples) < 2:
         raise ValueError(f"against: a paired difference needs at least 2 users, got "
                          f"{len(examples)}")
@@ -185,9 +190,7 @@ def evaluate_split(
         ks = (5, 10)
         ranks = example_ranks(engine, examples, user_vectors, beam_width, max(ks), batch_size,
                               progress, exclude, item_weight, head_proposals)
-        # the same users and targets, each history as long as the other model reads
-        theirs = split_examples(sequences, split, against.vocab.max_history, users, seed)
-        baseline = example_ranks(against, theirs, against_vectors, beam_width, max(ks),
+        baseline = example_ranks(against, examples, against_vectors, beam_width, max(ks),
                                  batch_size, progress, exclude, None, head_proposals)
         metrics: dict[str, Any] = {**_metrics(ranks, ks, beam_width),
                                    "against": ranking_metrics(baseline, ks),

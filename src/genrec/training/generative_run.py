@@ -249,9 +249,9 @@ def train_generative(
         teacher.check(model)
     if model.item_head is not None:
         model.item_head.input_dropout = c.item_input_dropout
-    val = split_examples(ds.sequences, "val", c.max_history, c.val_users, c.seed) \
+    val = split_examples(ds.sequences, "val", None, c.val_users, c.seed) \
         if c.val_users else []
-    final = split_examples(ds.sequences, "val", c.max_history, c.final_val_users, c.seed) \
+    final = split_examples(ds.sequences, "val", None, c.final_val_users, c.seed) \
         if c.val_users and c.final_val_users > c.val_users else []
     final = final if len(final) > len(val) else None  # else the same sample
     task = gen.GenerativeTask(
