@@ -23,7 +23,8 @@ from typing import Literal, NamedTuple
 
 
 class Example(NamedTuple):
-    """One next-item example: ``history`` (oldest first, truncated) predicts ``target``."""
+    """One next-item example: ``history`` (oldest first, its last ``max_history`` items) predicts
+    ``target``."""
 
     user: int
     history: list[int]
