@@ -50,6 +50,12 @@ def sequences(n_users: int = 12, seed: int = 0) -> list[list[int]]:
     return [torch.randint(0, N_ITEMS, (int(torch.randint(3, 9, (1,), generator=g)),),
                           generator=g).tolist() for _ in range(n_users)]
 
+def metrics_of(recs: list, targets: list[int]) -> dict[str, float]:
+    """Recall/NDCG of recommendation lists (``recommend_rows``' results), computed by hand."""
+    top = torch.tensor([r.items + [-1] * (10 - len(r.items)) for r in recs])
+    return ranking_metrics(target_ranks(top, torch.tensor(targets)))
+
+
 
 def test_split_examples_use_the_right_history() -> None:
     seqs = [[1, 2, 3, 4, 5], [7, 8, 9], [4, 5]]
@@ -75,15 +81,9 @@ def test_the_history_bias_reads_every_earlier_item_as_in_serving() -> None:
     split = evaluate_split(engine, seqs, "test", beam_width=12, item_weight=3.0)
     served = engine.recommend_rows([RowRequest(s[:-1]) for s in seqs], params)
     cut = engine.recommend_rows([RowRequest(s[-6:-1]) for s in seqs], params)
-    assert all(set(s[:-1]) <= set(r.items) for r, s in zip(served, seqs, strict=True))
-    assert sum(len(set(r.items) & set(s[:-6])) for r, s in zip(served, seqs, strict=True)) > \
-        sum(len(set(r.items) & set(s[:-6])) for r, s in zip(cut, seqs, strict=True))
-    top = torch.tensor([r.items + [-1] * (10 - len(r.items)) for r in served])
-    manual = ranking_metrics(target_ranks(top, torch.tensor([s[-1] for s in seqs])))
-    assert all(split[k] == pytest.approx(v) for k, v in manual.items())
-    top_cut = torch.tensor([r.items + [-1] * (10 - len(r.items)) for r in cut])
-    truncated = ranking_metrics(target_ranks(top_cut, torch.tensor([s[-1] for s in seqs])))
-    assert split["recall@10"] == 1.0 > truncated["recall@10"]
+    targets = [s[-1] for s in seqs]
+    assert all(split[k] == pytest.approx(v) for k, v in metrics_of(served, targets).items())
+    assert split["recall@10"] == 1.0 > metrics_of(cut, targets)["recall@10"]
 
 
 def test_sample_is_fixed_and_in_user_order() -> None:
@@ -101,8 +101,7 @@ def test_metrics_match_a_manual_computation_and_ignore_batching() -> None:
     assert set(metrics) == KEYS and metrics["n_users"] == len(examples)
     recs = engine.recommend_rows([RowRequest(e.history) for e in examples],
                             BeamParams(beam_width=12, n=10))
-    top = torch.tensor([r.items + [-1] * (10 - len(r.items)) for r in recs])
-    manual = ranking_metrics(target_ranks(top, torch.tensor([e.target for e in examples])))
+    manual = metrics_of(recs, [e.target for e in examples])
     for key, value in manual.items():
         assert metrics[key] == pytest.approx(value)
     assert evaluate_generative(engine, examples, beam_width=12, batch_size=100) == metrics
@@ -175,8 +174,7 @@ def test_excluded_items_are_never_recommended() -> None:
                              for e, m in zip(examples, masks, strict=True)], BeamParams(12, 10))
     assert all(not set(r.items) & set(m) for r, m in zip(recs, masks, strict=True))
     assert any(set(r.items) & set(m) for r, m in zip(free, masks, strict=True))
-    top = torch.tensor([r.items + [-1] * (10 - len(r.items)) for r in recs])
-    manual = ranking_metrics(target_ranks(top, torch.tensor([e.target for e in examples])))
+    manual = metrics_of(recs, [e.target for e in examples])
     assert all(masked[k] == pytest.approx(v) for k, v in manual.items())
     with pytest.raises(ValueError, match="exclude"):
         evaluate_generative(engine, examples, beam_width=12, exclude=masks[:1])

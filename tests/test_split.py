@@ -18,6 +18,10 @@ def test_hand_made_split():
     assert split.test == [Example(0, [3, 4], 5), Example(2, [9, 10], 11)]
     assert split.num_short_users == 1
     assert split.summary() == {"train": 3, "val": 2, "test": 2, "short_users": 1}
+    whole = leave_one_out(seqs, max_history=None)  # every earlier item
+    assert whole.train[1] == Example(0, [1, 2], 3)
+    assert whole.val == [Example(0, [1, 2, 3], 4), Example(2, [9], 10)]
+    assert whole.test == [Example(0, [1, 2, 3, 4], 5), Example(2, [9, 10], 11)]
 
 
 def test_short_users_drop_and_min_interactions():

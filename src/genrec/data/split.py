@@ -7,7 +7,7 @@ For a user with sequence ``s`` (oldest first) and ``len(s) >= min_interactions``
 * train: the part ``s[:-2]``; every item from its 2nd one on is a target with the items before it
   as history (TIGER/SASRec style).
 
-Every history is truncated to its last ``max_history`` items.
+Every history is truncated to its last ``max_history`` items (None: every earlier item).
 
 Users with fewer than ``min_interactions`` interactions ("short users") are never evaluated: they
 get no validation/test example, are counted in :attr:`LeaveOneOutSplit.num_short_users`, and
@@ -23,8 +23,8 @@ from typing import Literal, NamedTuple
 
 
 class Example(NamedTuple):
-    """One next-item example: ``history`` (oldest first, its last ``max_history`` items) predicts
-    ``target``."""
+    """One next-item example: ``history`` (oldest first, at most the split's ``max_history``
+    items) predicts ``target``."""
 
     user: int
     history: list[int]
@@ -38,7 +38,7 @@ class LeaveOneOutSplit:
     train: list[Example]
     val: list[Example]
     test: list[Example]
-    max_history: int
+    max_history: int | None
     min_interactions: int
     num_short_users: int
     short_users: str
@@ -53,10 +53,13 @@ class LeaveOneOutSplit:
         }
 
 
-def _prefix_examples(user: int, seq: Sequence[int], max_history: int) -> list[Example]:
-    return [
-        Example(user, list(seq[max(0, j - max_history) : j]), seq[j]) for j in range(1, len(seq))
-    ]
+def _history(seq: Sequence[int], end: int, max_history: int | None) -> list[int]:
+    # the items before position ``end``: the last ``max_history`` of them (None: all)
+    return list(seq[0 if max_history is None else max(0, end - max_history) : end])
+
+
+def _prefix_examples(user: int, seq: Sequence[int], max_history: int | None) -> list[Example]:
+    return [Example(user, _history(seq, j, max_history), seq[j]) for j in range(1, len(seq))]
 
 
 def training_sequences(
@@ -70,12 +73,12 @@ def training_sequences(
 
 def leave_one_out(
     sequences: Sequence[Sequence[int]],
-    max_history: int = 20,
+    max_history: int | None = 20,
     min_interactions: int = 3,
     short_users: Literal["train", "drop"] = "train",
 ) -> LeaveOneOutSplit:
     """Split per-user sequences (index = user index) leave-one-out; see the module docstring."""
-    if max_history < 1:
+    if max_history is not None and max_history < 1:
         raise ValueError(f"max_history must be >= 1, got {max_history}")
     if min_interactions < 3:
         raise ValueError(
@@ -95,8 +98,8 @@ def leave_one_out(
                 train.extend(_prefix_examples(user, seq, max_history))
             continue
         train.extend(_prefix_examples(user, seq[:-2], max_history))
-        val.append(Example(user, list(seq[max(0, len(seq) - 2 - max_history) : -2]), seq[-2]))
-        test.append(Example(user, list(seq[max(0, len(seq) - 1 - max_history) : -1]), seq[-1]))
+        val.append(Example(user, _history(seq, len(seq) - 2, max_history), seq[-2]))
+        test.append(Example(user, _history(seq, len(seq) - 1, max_history), seq[-1]))
     return LeaveOneOutSplit(
         train=train,
         val=val,

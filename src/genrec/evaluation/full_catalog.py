@@ -147,13 +147,10 @@ def split_examples(
 ) -> list[Example]:
     """Leave-one-out examples of ``split``: validation = training items -> second-to-last item;
     test = every item before the last (training items + validation item) -> last item. Each
-    history holds every earlier item (``max_history`` None: what a client sends and the history
-    bias reads; the prompt keeps a model's last ``max_history`` itself) or only the last
-    ``max_history``."""
+    history is the last ``max_history`` items, or with None every earlier item: what a client
+    sends (the prompt keeps a model's last ``max_history`` itself, the history bias reads all)."""
     if split not in ("val", "test"):
         raise ValueError(f"split must be 'val' or 'test', got {split!r}")
-    if max_history is None:
-        max_history = max((len(s) for s in sequences), default=1) or 1
     loo = leave_one_out(sequences, max_history=max_history)
     return sample_examples(loo.val if split == "val" else loo.test, users, seed)
 
