@@ -57,6 +57,30 @@ def test_teacher_student_store_eval(tmp_path: Path) -> None:
     assert result.exit_code != 0 and "generative models only" in result.output
 
 
+def test_minilm_teacher_trains_resumes_and_teaches(tmp_path: Path) -> None:
+    data = write_dataset(tmp_path / "toy")
+    teacher = tmp_path / "teacher"
+    opts = ["--data", data, "--out", teacher, "--backend", "minilm", "--max-title-tokens", "4",
+            "--max-text-tokens", "8", "--lr", "5e-5", "--max-examples", "16", *TINY]
+    out = invoke("train", "teacher", *opts, "--epochs", "1")
+    assert "22.57M parameters" in out  # all of MiniLM plus the read-out
+    meta = json.loads((teacher / "best" / "duolm.json").read_text())
+    assert (meta["kind"], meta["backend"]) == ("teacher", "minilm")
+    assert json.loads((teacher / "best" / "config.json").read_text())["model_type"] == "bert"
+    out = invoke("train", "teacher", *opts, "--epochs", "2", "--resume")
+    assert "epochs 2" in out
+    student = tmp_path / "student"
+    out = invoke("train", "duolm", "--data", data, "--out", student, "--teacher", teacher,
+                 "--backend", "decoder", "--max-text-tokens", "8", "--epochs", "1",
+                 "--max-examples", "16", *TINY)
+    assert "epochs 1" in out
+    invoke("eval", "--model", student, "--teacher", teacher, "--data", data, "--negatives", "9",
+           "--users", "6", "--json", tmp_path / "m.json", "--no-progress", "--device", "cpu")
+    assert json.loads((tmp_path / "m.json").read_text())["teacher"]["users"] == 6
+    result = runner.invoke(app, ["train", "teacher", *map(str, opts[:4]), "--backend", "bert"])
+    assert result.exit_code == 1 and "backend must be" in result.output
+
+
 def test_duolm_errors_are_clear(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "toy")
     (data / "Toy.item.json").unlink()  # no item text

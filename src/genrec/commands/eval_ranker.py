@@ -34,7 +34,8 @@ def eval_rankers(
     (and the teacher, when given) side by side; NDCG@10, Recall@10, MRR."""
     import time
 
-    from genrec.duolm.ranker import TeacherRanker, read_meta
+    from genrec.duolm.cross_encoder import load_teacher
+    from genrec.duolm.ranker import read_meta
     from genrec.duolm.requests import RowRankRequest
     from genrec.evaluation.ranking import evaluate_ranking
     from genrec.training.user_vectors import load_saved_user_vectors
@@ -48,9 +49,8 @@ def eval_rankers(
             folder = model_folder(path)
             kind = read_meta(folder)["kind"]
             if kind == "teacher":
-                rankers["teacher"] = TeacherRanker.from_pretrained(
-                    folder, dataset_item_text(ds), ds.num_items, device=dev,
-                    item_ids=list(ds.item_ids))
+                rankers["teacher"] = load_teacher(folder, dataset_item_text(ds), ds.num_items,
+                                                  device=dev, item_ids=list(ds.item_ids))
             else:
                 rankers["student"] = load_student(folder, store, ds, progress, dev)
         meta_hist = int(read_meta(model_folder(model)).get("max_history", 20))

@@ -75,6 +75,9 @@ def train_teacher(
     out: Annotated[Path, typer.Option(help="Output folder (last/, best/, history.json).")],
     data: DataOpt = None, interactions: InterOpt = None, items: ItemsOpt = None,
     table: TableOpt = None,
+    backend: Annotated[str, typer.Option(
+        help="decoder: a Qwen3-architecture ranker (--hidden ... --kv-heads); minilm: a "
+             "cross-encoder started from the bundled all-MiniLM-L6-v2.")] = "decoder",
     hidden: Hidden = 128, layers: int = 2, heads: int = 4, kv_heads: int = 2,
     max_title_tokens: int = 24, max_text_tokens: int = 128,
     max_history: Annotated[int, typer.Option(min=1)] = 20,
@@ -93,14 +96,16 @@ def train_teacher(
     progress: bool = True, nproc: NprocOpt = 1, grad_accum: GradAccumOpt = 1,
     precision: PrecisionOpt = "fp32", fsdp: FsdpOpt = False,
 ) -> None:
-    """Train the full-text teacher ranker (history titles, candidate full text); with
-    ``--nproc N`` (or under ``torchrun``) data-parallel."""
+    """Train the full-text teacher ranker (history titles, candidate full text): a decoder
+    or (``--backend minilm``) a MiniLM cross-encoder; with ``--nproc N`` (or under
+    ``torchrun``) data-parallel."""
     from genrec.training.distributed import relaunch
 
     if (code := relaunch(nproc)) is not None:
         raise typer.Exit(code=code)
     import torch
 
+    from genrec.duolm.cross_encoder import BACKEND, CrossEncoder
     from genrec.duolm.prompts import TeacherPrompts
     from genrec.model import load_model
     from genrec.model.registry import build_model
@@ -112,13 +117,17 @@ def train_teacher(
     args = {k: str(v) if isinstance(v, Path) else v for k, v in locals().items()
             if k in train_teacher.__annotations__} | dict(table or {})
     try:
+        if backend not in ("decoder", BACKEND):
+            raise ValueError(f"backend must be decoder or {BACKEND}, got {backend!r}")
         ds = load_dataset(data, interactions, items, table)
         prompts = TeacherPrompts.from_items(dataset_item_text(ds), ds.num_items, None,
                                             max_title_tokens, max_text_tokens, max_history)
         sp, val, val_cands = eval_split(ds, max_history, val_users, val_negatives, seed)
         train = _sample(sp.train, max_examples, seed)
         torch.manual_seed(seed)  # the same initial weights for the same seed
-        if resume and (out / LAST / "config.json").is_file():
+        if backend == BACKEND:
+            model = CrossEncoder.from_sentence_encoder()  # --resume: the loop loads last/
+        elif resume and (out / LAST / "config.json").is_file():
             model = load_model(out / LAST)
         else:
             positions = 2 + max_history * (max_title_tokens + 1) + max_text_tokens + 1
@@ -127,7 +136,7 @@ def train_teacher(
             init_weights(model)
             if init_embeddings:
                 init_text_embeddings(model)
-        meta = {"kind": "teacher", "max_history": max_history,
+        meta = {"kind": "teacher", "backend": backend, "max_history": max_history,
                 "max_title_tokens": max_title_tokens, "max_text_tokens": max_text_tokens,
                 "tokenizer": "all-MiniLM-L6-v2 WordPiece"}
         task = RankingTask(prompts, train, ds.num_items, meta, negatives=negatives,
@@ -185,9 +194,9 @@ def train_duolm(
 
     import torch
 
+    from genrec.duolm.cross_encoder import load_teacher
     from genrec.duolm.encoder import EncoderConfig, ItemEncoder
     from genrec.duolm.prompts import STUDENT_VOCAB_SIZE, StudentPrompts
-    from genrec.duolm.ranker import TeacherRanker
     from genrec.model.registry import build_model
     from genrec.training.duolm_task import DuoModel, RankingTask, ranker_config
     from genrec.training.initialization import init_weights
@@ -215,8 +224,8 @@ def train_duolm(
         model = DuoModel(ranker, ItemEncoder(enc_cfg))
         teacher_ranker = None
         if teacher is not None:
-            teacher_ranker = TeacherRanker.from_pretrained(
-                model_folder(teacher), dataset_item_text(ds), ds.num_items, device=dev)
+            teacher_ranker = load_teacher(model_folder(teacher), dataset_item_text(ds),
+                                          ds.num_items, device=dev)
         meta = {"kind": "student", "max_history": max_history, "k": k, "backend": backend,
                 "teacher": str(teacher) if teacher else None, "distill_weight": distill_weight,
                 "user_vectors": Path(user_vectors).name}

@@ -263,11 +263,7 @@ class TeacherRanker:
                  item_ids: Sequence[str] | None = None) -> None:
         self.engine = engine
         self.prompts = prompts
-        n = prompts.num_items
-        names = list(item_ids) if item_ids is not None else [str(i) for i in range(n)]
-        if len(names) != n:
-            raise ValueError(f"item_ids: {len(names)} ids for a catalog of {n} items")
-        self._catalog = TableIds(None, names)
+        self._catalog = TableIds.of_catalog(item_ids, prompts.num_items)
 
     @classmethod
     def from_pretrained(

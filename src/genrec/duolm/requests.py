@@ -71,6 +71,14 @@ class TableIds:
         else:
             self.__dict__["item_ids"] = list(item_ids)
 
+    @classmethod
+    def of_catalog(cls, item_ids: Sequence[str] | None, num_items: int) -> TableIds:
+        """A table-less ranker's ids: ``item_ids`` (``None``: ``"0" .. "N-1"``), one per row."""
+        names = list(item_ids) if item_ids is not None else [str(i) for i in range(num_items)]
+        if len(names) != num_items:
+            raise ValueError(f"item_ids: {len(names)} ids for a catalog of {num_items} items")
+        return cls(None, names)
+
     @functools.cached_property
     def ids(self) -> IdMap:
         """The map of :attr:`item_ids` (a repeated id raises ``ValueError``)."""

@@ -21,6 +21,7 @@ from torch import nn
 
 from genrec.catalog.item_table import ItemTable
 from genrec.data.split import Example
+from genrec.duolm.cross_encoder import CrossEncoder, CrossEncoderRanker, encoder_prompts
 from genrec.duolm.encoder import ItemEncoder, ItemFeatures
 from genrec.duolm.prompts import SOFT_ID, YES_ID, StudentPrompts, TeacherPrompts
 from genrec.duolm.ranker import ENCODER_DIR, META_FILE, TeacherRanker, rank_requests
@@ -101,8 +102,9 @@ class RankingBatch:
 class RankingTask:
     """The :class:`genrec.training.loop_types.TrainTask` of the teacher or of the student.
 
-    ``prompts`` decides which: :class:`TeacherPrompts` (model = a DecoderLM) or
-    :class:`StudentPrompts` (model = a :class:`DuoModel`, with ``features`` of every item).
+    ``prompts`` decides which: :class:`TeacherPrompts` (model = a DecoderLM, or a
+    :class:`CrossEncoder` for the MiniLM teacher) or :class:`StudentPrompts` (model = a
+    :class:`DuoModel`, with ``features`` of every item).
     """
 
     def __init__(
@@ -110,7 +112,7 @@ class RankingTask:
         num_items: int, meta: dict[str, Any], features: ItemFeatures | None = None,
         negatives: int = 15, users_per_step: int = 32, seed: int = 0,
         val_examples: Sequence[Example] = (), val_candidates: Sequence[list[int]] = (),
-        teacher: TeacherRanker | None = None, distill_weight: float = 0.5,
+        teacher: TeacherRanker | CrossEncoderRanker | None = None, distill_weight: float = 0.5,
         temperature: float = 1.0, progress: bool = False,
         user_vectors: torch.Tensor | None = None, user_ids: Sequence[str] | None = None,
     ) -> None:
@@ -167,6 +169,11 @@ class RankingTask:
         """Training scores [B, 1 + negatives] (differentiable)."""
         soft = self.user_vectors is not None
         users = [self.user_vector(ex) for ex in batch.examples]
+        if isinstance(model, CrossEncoder):
+            assert isinstance(self.prompts, TeacherPrompts)
+            reqs = [RowRankRequest(ex.history, cs, u)
+                    for ex, cs, u in zip(batch.examples, batch.candidates, users, strict=True)]
+            return torch.stack(model(*encoder_prompts(self.prompts, reqs)))
         if not self.student:
             p = self.prompts
             return branch_scores(model, [p.prefix(ex.history, soft) for ex in batch.examples],
@@ -214,6 +221,9 @@ class RankingTask:
 
     def rank_fn(self, model: nn.Module):  # noqa: ANN201 - a callable over RowRankRequests
         """Ranking through the engine with the current weights (puts ``model`` in eval)."""
+        if isinstance(model, CrossEncoder):
+            assert isinstance(self.prompts, TeacherPrompts)
+            return CrossEncoderRanker(model, self.prompts).rank_rows
         if not self.student:
             p = self.prompts
             engine = Engine(model, config=EngineConfig(soft_token_id=p.soft_id))
