@@ -90,7 +90,8 @@ class CrossEncoder(nn.Module):
         rows = _rows(candidates, plen, row_tokens)
         if max(x for r in rows for x in r.positions) >= max_pos:
             raise InputError(f"a prefix and candidate exceed the encoder's {max_pos} positions")
-        out = torch.zeros(sum(len(cs) for cs in candidates), device=dev)
+        lengths = torch.tensor([len(c) for cs in candidates for c in cs], device=dev)
+        total = torch.zeros(len(lengths), device=dev)  # each candidate's summed token scores
         for s in range(0, len(rows), rows_per_chunk):
             chunk = rows[s : s + rows_per_chunk]
             own = torch.tensor([r.user for r in chunk], device=dev)
@@ -103,12 +104,8 @@ class CrossEncoder(nn.Module):
             h, _ = self.bert(c_ids, c_pos, torch.ones_like(c_ids), mask,
                              context=[(k[own], v[own]) for k, v in kv])
             # the read-out is affine: the mean of token scores = the score of the mean state
-            tok = self.score(h)[..., 0][c_valid]  # [valid tokens]
-            idx = slot[c_valid]
-            total = torch.zeros_like(out).index_add(0, idx, tok)
-            count = torch.zeros_like(out).index_add(0, idx, torch.ones_like(tok))
-            out = out + torch.where(count > 0, total / count.clamp(min=1), 0.0)
-        return list(out.split([len(cs) for cs in candidates]))
+            total = total.index_add(0, slot[c_valid], self.score(h)[..., 0][c_valid])
+        return list((total / lengths).split([len(cs) for cs in candidates]))
 
 
 @dataclass

@@ -73,20 +73,16 @@ class BertConfig:
         return {"architectures": ["BertModel"], **asdict(self)}
 
 
-def _linear(n_in: int, n_out: int) -> nn.Linear:
-    return nn.Linear(n_in, n_out)
-
-
 def _layer(c: BertConfig) -> nn.ModuleDict:
     h, norm = c.hidden_size, lambda: nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
     return nn.ModuleDict({
         "attention": nn.ModuleDict({
-            "self": nn.ModuleDict({"query": _linear(h, h), "key": _linear(h, h),
-                                   "value": _linear(h, h)}),
-            "output": nn.ModuleDict({"dense": _linear(h, h), "LayerNorm": norm()}),
+            "self": nn.ModuleDict({"query": nn.Linear(h, h), "key": nn.Linear(h, h),
+                                   "value": nn.Linear(h, h)}),
+            "output": nn.ModuleDict({"dense": nn.Linear(h, h), "LayerNorm": norm()}),
         }),
-        "intermediate": nn.ModuleDict({"dense": _linear(h, c.intermediate_size)}),
-        "output": nn.ModuleDict({"dense": _linear(c.intermediate_size, h), "LayerNorm": norm()}),
+        "intermediate": nn.ModuleDict({"dense": nn.Linear(h, c.intermediate_size)}),
+        "output": nn.ModuleDict({"dense": nn.Linear(c.intermediate_size, h), "LayerNorm": norm()}),
     })
 
 
